@@ -1,0 +1,58 @@
+"""GPU vendors we know how to serve, and the facts about each that both processes rely on.
+
+The webhook uses these to build its built-in default profiles; the plugin uses them to name device
+nodes and the environment variable through which a container learns which GPUs it was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Vendor:
+    """Static facts about one GPU vendor's software stack on a node."""
+
+    name: str
+    resource_name: str
+    """Extended resource the device plugin advertises and pods request."""
+    device_node_template: str
+    """Per-GPU character device, formatted with the GPU's minor number."""
+    control_nodes: tuple[str, ...]
+    """Device nodes every GPU container needs besides its own GPUs (may be absent on old drivers)."""
+    driver_root: str
+    """Host directory holding the user-space driver libraries and tools."""
+    library_dir: str
+    """Directory that must be on LD_LIBRARY_PATH inside the container."""
+    visible_devices_env: str
+    """Environment variable the runtime/libraries read to restrict visible GPUs."""
+    pci_vendor_id: int
+
+    def device_node(self, minor: int) -> str:
+        return self.device_node_template.format(minor=minor)
+
+
+ILUVATAR = Vendor(
+    name="iluvatar",
+    resource_name="iluvatar.com/gpu",
+    device_node_template="/dev/iluvatar{minor}",
+    control_nodes=("/dev/itrctl",),
+    driver_root="/usr/local/corex",
+    library_dir="/usr/local/corex/lib64",
+    visible_devices_env="IX_VISIBLE_DEVICES",
+    pci_vendor_id=0x1E3E,
+)
+
+NVIDIA = Vendor(
+    name="nvidia",
+    resource_name="nvidia.com/gpu",
+    device_node_template="/dev/nvidia{minor}",
+    control_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"),
+    # The seed's TfJob points LD_LIBRARY_PATH at /usr/local/cuda/lib64; keep that layout.
+    driver_root="/usr/local/cuda",
+    library_dir="/usr/local/cuda/lib64",
+    visible_devices_env="NVIDIA_VISIBLE_DEVICES",
+    pci_vendor_id=0x10DE,
+)
+
+VENDORS: dict[str, Vendor] = {v.name: v for v in (ILUVATAR, NVIDIA)}

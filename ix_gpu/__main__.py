@@ -1,0 +1,3 @@
+from ix_gpu.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""``ix-gpu``: the single console script.
+
+Each area registers its own subcommands (``webhook.cli``, ``plugin.cli``) so this module stays a
+dispatcher. Registration must stay import-light: ``ix-gpu mutate`` should not pay for FastAPI or
+gRPC, so handlers import their heavy dependencies when they run.
+
+Exit codes follow the Kubernetes tools' habit: 0 success, 1 the command ran and the answer is "no"
+(e.g. an object was denied), 2 a usage error with a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+_SUBCOMMAND_MODULES = ("webhook.cli", "plugin.cli")
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """Bad input from the person at the terminal: printed as one line, exit code 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus message; operators asked for one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="ix-gpu",
+        description=(
+            "GPUs made easy on Kubernetes. A mutating admission webhook injects the driver volumes, "
+            "env, privileges and scheduling that a GPU workload needs; a device plugin advertises "
+            "Iluvatar (iluvatar.com/gpu) and NVIDIA (nvidia.com/gpu) GPUs to the kubelet."
+        ),
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    subparsers.required = True
+    for module_name in _SUBCOMMAND_MODULES:
+        module = importlib.import_module(module_name)
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"ix-gpu {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,1 @@
+"""The device plugin (kubelet device-plugin API v1beta1)."""

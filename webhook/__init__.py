@@ -1,0 +1,1 @@
+"""The mutating admission webhook: a pure mutation core and the thin HTTPS service around it."""
