@@ -6,5 +6,5 @@ import argparse
 from typing import Any
 
 
-def register(subparsers: "argparse._SubParsersAction[Any]") -> None:
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """No plugin subcommands yet."""

@@ -1,0 +1,32 @@
+"""Shared fixtures for the device-plugin tests."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_DEVICES = REPO / "examples" / "fake-devices.yaml"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp dir with a short path: unix socket paths are limited to 107 bytes, and pytest's
+    tmp_path under a long test name can exceed that."""
+    path = Path(tempfile.mkdtemp(prefix="ixdp", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def fake_devices(short_tmp: Path) -> Path:
+    """A private copy of examples/fake-devices.yaml that a test may edit."""
+    target = short_tmp / "devices.yaml"
+    shutil.copyfile(EXAMPLE_DEVICES, target)
+    return target
