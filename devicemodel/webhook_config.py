@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,8 +24,8 @@ from devicemodel import labels
 from devicemodel.schema_base import ConfigError, StrictModel, load_yaml_file, parse_document
 from devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
 
-API_VERSION = "ix-gpu.io/v1alpha1"
-KIND = "WebhookConfig"
+API_VERSION: Literal["ix-gpu.io/v1alpha1"] = "ix-gpu.io/v1alpha1"
+KIND: Literal["WebhookConfig"] = "WebhookConfig"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9*?][-A-Za-z0-9_.*?/]*$")
@@ -34,7 +34,7 @@ _PATH_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[\*\])?$|^\*$")
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
-class HostPathType(str, Enum):
+class HostPathType(StrEnum):
     """``hostPath.type`` as Kubernetes spells it (empty string is the unchecked default)."""
 
     UNSET = ""
@@ -71,7 +71,7 @@ class HostPathVolume(StrictModel):
         return value
 
 
-class EnvMode(str, Enum):
+class EnvMode(StrEnum):
     SET_IF_ABSENT = "set-if-absent"
     """Add the variable only if the container does not define it (the user wins)."""
     PREPEND_PATH = "prepend-path"
@@ -99,7 +99,7 @@ class DeviceNodes(StrictModel):
     volumes: tuple[HostPathVolume, ...] = ()
 
 
-class Privileged(str, Enum):
+class Privileged(StrEnum):
     NEVER = "never"
     ALLOWED = "allowed"
     """Set ``privileged: true`` where policy permits, otherwise skip with a warning."""
@@ -222,12 +222,12 @@ class Workload(StrictModel):
         return value
 
 
-class NamespaceLookupFailure(str, Enum):
+class NamespaceLookupFailure(StrEnum):
     ALLOW_UNMODIFIED = "allow-unmodified"
     DENY = "deny"
 
 
-class ConflictPolicy(str, Enum):
+class ConflictPolicy(StrEnum):
     KEEP_USER = "keep-user"
     """Keep the user's value and warn, naming the field (default)."""
     DENY = "deny"
@@ -245,9 +245,13 @@ class Policy(StrictModel):
 def _builtin_workloads() -> tuple[Workload, ...]:
     return (
         Workload(api_version="v1", kind="Pod", template_paths=(".",)),
-        Workload(api_version="kubeflow.org/v1", kind="TFJob", template_paths=("spec.tfReplicaSpecs.*.template",)),
+        Workload(
+            api_version="kubeflow.org/v1", kind="TFJob", template_paths=("spec.tfReplicaSpecs.*.template",)
+        ),
         # The TfJob of the seed discussion (tf-operator, 2017).
-        Workload(api_version="mlkube.io/v1beta1", kind="TfJob", template_paths=("spec.replica_specs[*].template",)),
+        Workload(
+            api_version="mlkube.io/v1beta1", kind="TfJob", template_paths=("spec.replica_specs[*].template",)
+        ),
     )
 
 

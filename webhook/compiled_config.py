@@ -1,0 +1,118 @@
+"""The webhook's runtime view of a :class:`~devicemodel.webhook_config.WebhookConfig`.
+
+Everything that can be computed once per config — Kubernetes-shaped volume/mount/env dicts,
+resource-name → profile matches, workload lookup, the content digest — is computed here, so the
+admission hot path does dictionary lookups instead of glob matching and model dumps.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+from devicemodel.webhook_config import EnvMode, EnvVar, Privileged, Profile, WebhookConfig, Workload
+
+# Resource names are user input; bound the match cache so odd names cannot grow memory forever.
+_MATCH_CACHE_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedVolume:
+    name: str
+    host_path: bool
+    volume: dict[str, Any]
+    """The pod-level ``volumes`` entry."""
+    mount: dict[str, Any]
+    """The container-level ``volumeMounts`` entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledProfile:
+    name: str
+    index: int
+    """Position in the config: profiles apply in config order."""
+    privileged: Privileged
+    volumes: tuple[InjectedVolume, ...]
+    env: tuple[EnvVar, ...]
+    node_selector: tuple[tuple[str, str], ...]
+    node_requirements: tuple[dict[str, Any], ...]
+    tolerations: tuple[dict[str, Any], ...]
+    runtime_class_name: str | None
+    source: Profile
+
+
+def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
+    volumes = []
+    for spec in profile.all_volumes():
+        host_path: dict[str, Any] = {"path": spec.host_path}
+        if spec.type is not None and spec.type.value:
+            host_path["type"] = spec.type.value
+        mount: dict[str, Any] = {"name": spec.name, "mountPath": spec.mount_path}
+        if spec.read_only:
+            mount["readOnly"] = True
+        volumes.append(InjectedVolume(spec.name, True, {"name": spec.name, "hostPath": host_path}, mount))
+    return CompiledProfile(
+        name=profile.name,
+        index=index,
+        privileged=profile.privileged,
+        volumes=tuple(volumes),
+        env=profile.env,
+        node_selector=tuple(profile.node_selector.items()),
+        node_requirements=tuple(r.to_k8s() for r in profile.affinity.required_node_expressions),
+        tolerations=tuple(t.to_k8s() for t in profile.tolerations),
+        runtime_class_name=profile.runtime_class_name,
+        source=profile,
+    )
+
+
+class CompiledConfig:
+    """Immutable after construction; safe to share between concurrent requests."""
+
+    def __init__(self, config: WebhookConfig) -> None:
+        self.source = config
+        self.digest = config.digest()
+        self.profiles = tuple(_compile_profile(i, p) for i, p in enumerate(config.profiles))
+        self.policy = config.policy
+        self._workloads: dict[tuple[str, str], Workload] = {}
+        self._workload_globs: list[Workload] = []
+        for workload in config.workloads:
+            if any(ch in workload.api_version + workload.kind for ch in "*?["):
+                self._workload_globs.append(workload)
+            else:
+                self._workloads[(workload.api_version, workload.kind)] = workload
+        self._matches: dict[str, tuple[CompiledProfile, ...]] = {}
+
+    def workload(self, api_version: str, kind: str) -> Workload | None:
+        found = self._workloads.get((api_version, kind))
+        if found is not None:
+            return found
+        for workload in self._workload_globs:
+            if fnmatch.fnmatchcase(api_version, workload.api_version) and fnmatch.fnmatchcase(
+                kind, workload.kind
+            ):
+                return workload
+        return None
+
+    def profiles_for(self, resource: str) -> tuple[CompiledProfile, ...]:
+        """Profiles whose resource patterns match ``resource`` (empty for non-GPU resources)."""
+        found = self._matches.get(resource)
+        if found is None:
+            found = tuple(p for p in self.profiles if p.source.matches(resource))
+            if len(self._matches) < _MATCH_CACHE_LIMIT:
+                self._matches[resource] = found
+        return found
+
+    def namespace_excluded(self, namespace: str) -> bool:
+        return _matches_any(namespace, self.policy.excluded_namespaces)
+
+    def namespace_may_be_privileged(self, namespace: str) -> bool:
+        return _matches_any(namespace, self.policy.privileged_namespaces)
+
+
+def _matches_any(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def env_mode_merges_paths(mode: EnvMode) -> bool:
+    return mode in (EnvMode.PREPEND_PATH, EnvMode.APPEND_PATH)

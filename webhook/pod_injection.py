@@ -1,0 +1,368 @@
+"""Merging a profile's volumes, mounts, env, privileges and scheduling into one pod template.
+
+Every merge is keyed the way the Pod schema keys its lists (volumes by name, mounts by mountPath,
+env by name) and compares *semantically*: the apiserver fills defaults such as ``hostPath.type: ""``
+before a webhook sees an object, so an entry we injected earlier may come back with extra empty
+fields. Equal means equal once empty values are dropped. That is what makes a second pass — a
+reinvocation, or the Pod the TFJob operator creates from an already mutated template — produce no
+ops at all.
+
+Conflicts (the user already has something different under the same key) are recorded, never
+overwritten; the core turns them into warnings or a denial according to ``policy.conflictPolicy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from devicemodel import labels
+from devicemodel.webhook_config import EnvMode, EnvVar, Privileged
+from webhook import patch_ops
+from webhook.compiled_config import CompiledProfile
+from webhook.gpu_requests import GpuContainer
+from webhook.patch_ops import Op, token
+from webhook.templates import PodTemplate
+
+
+class InjectionDenied(Exception):
+    """A profile requirement that cannot be met here (e.g. ``privileged: required`` under PSA)."""
+
+
+@dataclass
+class InjectionRun:
+    """Accumulates the outcome of mutating one object, across its templates."""
+
+    digest: str
+    host_path_block: str | None
+    """Why hostPath volumes must not be injected (Pod Security would reject them), or None."""
+    privileged_block: str | None
+    """Why ``privileged: true`` may not be set in this namespace, or None."""
+    ops: list[Op] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    profiles_used: dict[str, None] = field(default_factory=dict)
+
+    def warn_once(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value is False or value == "" or value == [] or value == {}
+
+
+def _normalized(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalized(v) for k, v in value.items() if not _empty(v)}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    return value
+
+
+def same(existing: Any, ours: Any) -> bool:
+    """Semantic equality: empty/false/absent fields are the same (apiserver defaulting)."""
+    return bool(existing == ours or _normalized(existing) == _normalized(ours))
+
+
+def _prefix(where: str) -> str:
+    return f"{where}." if where else ""
+
+
+def inject_template(
+    template: PodTemplate, containers: list[GpuContainer], gpu_types: list[str], run: InjectionRun
+) -> None:
+    """Append to ``run`` the ops that give ``template`` everything its GPU containers' profiles hold."""
+    spec: dict[str, Any] = template.body["spec"]
+    spec_ptr = f"{template.pointer}/spec"
+    where = _prefix(template.where)
+    by_index: dict[int, CompiledProfile] = {}
+    for container in containers:
+        for profile in container.profiles:
+            by_index[profile.index] = profile
+    profiles = [by_index[i] for i in sorted(by_index)]
+
+    mountable = _merge_volumes(spec, spec_ptr, where, profiles, run)
+    for container in containers:
+        _merge_container(container, spec_ptr, where, mountable, run)
+    _merge_node_selector(spec, spec_ptr, where, profiles, run)
+    _merge_tolerations(spec, spec_ptr, profiles, run)
+    requirements = [r for p in profiles for r in p.node_requirements]
+    if gpu_types:
+        requirements.append({"key": labels.GPU_PRODUCT, "operator": "In", "values": gpu_types})
+    _merge_required_node_affinity(spec, spec_ptr, requirements, run)
+    _merge_runtime_class(spec, spec_ptr, where, profiles, run)
+
+    names = [p.name for p in profiles]
+    for name in names:
+        run.profiles_used[name] = None
+    _set_injected_annotation(template, "+".join(names) + "@" + run.digest, run)
+
+
+def _merge_volumes(
+    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> set[str]:
+    """Add pod volumes; returns the names of our volumes that containers may mount."""
+    existing = spec.get("volumes")
+    by_name = (
+        {v["name"]: v for v in existing or () if isinstance(v, dict) and isinstance(v.get("name"), str)}
+        if isinstance(existing, list)
+        else {}
+    )
+    mountable: set[str] = set()
+    offered: dict[str, dict[str, Any]] = {}
+    new: list[dict[str, Any]] = []
+    for profile in profiles:
+        for volume in profile.volumes:
+            if volume.host_path and run.host_path_block:
+                run.warn_once(f"{where}spec.volumes: hostPath volumes not injected: {run.host_path_block}")
+                continue
+            if volume.name in offered:
+                if not same(offered[volume.name], volume.volume):
+                    run.conflicts.append(
+                        f'{where}spec.volumes[name={volume.name}]: profile "{profile.name}" defines it '
+                        "differently from an earlier profile; kept the first"
+                    )
+                continue
+            offered[volume.name] = volume.volume
+            current = by_name.get(volume.name)
+            if current is None:
+                new.append(volume.volume)
+                mountable.add(volume.name)
+            elif same(current, volume.volume):
+                mountable.add(volume.name)
+            else:
+                run.conflicts.append(
+                    f"{where}spec.volumes[name={volume.name}]: the pod already has a different volume of "
+                    "this name; kept it and did not mount ours"
+                )
+    patch_ops.add_to_list(run.ops, f"{spec_ptr}/volumes", existing, new)
+    return mountable
+
+
+def _merge_container(
+    container: GpuContainer, spec_ptr: str, where: str, mountable: set[str], run: InjectionRun
+) -> None:
+    body = container.body
+    ptr = f"{spec_ptr}/{container.list_name}/{container.index}"
+    label = f"{where}{container.list_name}[name={container.name}]"
+
+    mounts = body.get("volumeMounts")
+    by_path = (
+        {m["mountPath"]: m for m in mounts if isinstance(m, dict) and isinstance(m.get("mountPath"), str)}
+        if isinstance(mounts, list)
+        else {}
+    )
+    new_mounts: list[dict[str, Any]] = []
+    for profile in container.profiles:
+        for volume in profile.volumes:
+            if volume.name not in mountable:
+                continue
+            path = volume.mount["mountPath"]
+            current = by_path.get(path)
+            if current is None:
+                new_mounts.append(volume.mount)
+                by_path[path] = volume.mount
+            elif not same(current, volume.mount):
+                run.conflicts.append(
+                    f"{label}.volumeMounts[mountPath={path}]: already mounts "
+                    f'"{current.get("name")}" there; kept it'
+                )
+    patch_ops.add_to_list(run.ops, f"{ptr}/volumeMounts", mounts, new_mounts)
+
+    _merge_env(body, ptr, label, container.profiles, run)
+    _merge_privileged(body, ptr, label, container.profiles, run)
+
+
+def _path_merge(current: str, ours: str, mode: EnvMode) -> str:
+    parts = [p for p in current.split(":") if p] if current else []
+    missing = [p for p in ours.split(":") if p and p not in parts]
+    if not missing:
+        return current
+    return ":".join(missing + parts) if mode is EnvMode.PREPEND_PATH else ":".join(parts + missing)
+
+
+def _merged_value(current: str, var: EnvVar) -> str:
+    if var.mode is EnvMode.OVERRIDE:
+        return var.value
+    if var.mode is EnvMode.SET_IF_ABSENT:
+        return current
+    return _path_merge(current, var.value, var.mode)
+
+
+def _merge_env(
+    body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
+) -> None:
+    env = body.get("env")
+    entries: list[Any] = env if isinstance(env, list) else []
+    # The runtime takes the last of duplicate names, so that is the one we merge into.
+    last: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            last[entry["name"]] = i
+    updated: dict[int, str] = {}
+    appended: list[dict[str, Any]] = []
+    appended_at: dict[str, int] = {}
+    for profile in profiles:
+        for var in profile.env:
+            if var.name in appended_at:
+                item = appended[appended_at[var.name]]
+                item["value"] = _merged_value(item["value"], var)
+                continue
+            if var.name not in last:
+                appended_at[var.name] = len(appended)
+                appended.append({"name": var.name, "value": var.value})
+                continue
+            i = last[var.name]
+            entry = entries[i]
+            if "valueFrom" in entry:
+                run.conflicts.append(f"{label}.env[name={var.name}]: set from valueFrom by the user; kept it")
+                continue
+            raw = updated.get(i, entry.get("value", ""))
+            current = raw if isinstance(raw, str) else ""
+            merged = _merged_value(current, var)
+            if var.mode is EnvMode.SET_IF_ABSENT and current != var.value:
+                run.conflicts.append(
+                    f"{label}.env[name={var.name}]: the user's value {current!r} kept "
+                    f"(profile {profile.name} would set {var.value!r})"
+                )
+            if merged != current:
+                updated[i] = merged
+    for i, value in updated.items():
+        if "value" in entries[i]:
+            run.ops.append(patch_ops.replace(f"{ptr}/env/{i}/value", value))
+        else:
+            run.ops.append(patch_ops.add(f"{ptr}/env/{i}/value", value))
+    patch_ops.add_to_list(run.ops, f"{ptr}/env", env, appended)
+
+
+def _merge_privileged(
+    body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
+) -> None:
+    wanting = [p for p in profiles if p.privileged is not Privileged.NEVER]
+    if not wanting:
+        return
+    required = [p.name for p in wanting if p.privileged is Privileged.REQUIRED]
+    context = body.get("securityContext")
+    reason = run.privileged_block
+    if reason is None and isinstance(context, dict):
+        if context.get("privileged") is True:
+            return
+        if context.get("privileged") is False:
+            reason = "the user set securityContext.privileged: false"
+        elif context.get("allowPrivilegeEscalation") is False:
+            reason = "the user set allowPrivilegeEscalation: false, which privileged contradicts"
+    if reason is not None:
+        if required:
+            raise InjectionDenied(f"{label}: profile {required[0]} requires privileged: true, but {reason}")
+        run.warn_once(f"{label}.securityContext.privileged not set: {reason}")
+        return
+    patch_ops.set_in_map(run.ops, f"{ptr}/securityContext", context, "privileged", True)
+
+
+def _merge_node_selector(
+    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> None:
+    existing = spec.get("nodeSelector")
+    current: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
+    additions: dict[str, str] = {}
+    for profile in profiles:
+        for key, value in profile.node_selector:
+            have = current.get(key)
+            if have is None:
+                current[key] = value
+                additions[key] = value
+            elif have != value:
+                run.conflicts.append(
+                    f"{where}spec.nodeSelector[{key}]: kept {have!r} (profile {profile.name} wants {value!r})"
+                )
+    if not additions:
+        return
+    if isinstance(existing, dict):
+        for key, value in additions.items():
+            run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector/{token(key)}", value))
+    else:
+        run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector", additions))
+
+
+def _merge_tolerations(
+    spec: dict[str, Any], spec_ptr: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> None:
+    existing = spec.get("tolerations")
+    have: list[Any] = list(existing) if isinstance(existing, list) else []
+    new: list[dict[str, Any]] = []
+    for profile in profiles:
+        for toleration in profile.tolerations:
+            if not any(same(t, toleration) for t in have):
+                have.append(toleration)
+                new.append(toleration)
+    patch_ops.add_to_list(run.ops, f"{spec_ptr}/tolerations", existing, new)
+
+
+def _merge_required_node_affinity(
+    spec: dict[str, Any], spec_ptr: str, requirements: list[dict[str, Any]], run: InjectionRun
+) -> None:
+    """AND our requirements into every term of required node affinity (terms are ORed)."""
+    unique: list[dict[str, Any]] = []
+    for requirement in requirements:
+        if not any(same(requirement, r) for r in unique):
+            unique.append(requirement)
+    if not unique:
+        return
+    terms: list[dict[str, Any]] = [{"matchExpressions": unique}]
+    # Walk down affinity.nodeAffinity.required….nodeSelectorTerms; the first missing level is added
+    # whole, holding our single term, and we are done.
+    levels = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    node: dict[str, Any] = spec
+    ptr = spec_ptr
+    for depth, key in enumerate(levels):
+        ptr = f"{ptr}/{key}"
+        child = node.get(key)
+        if not isinstance(child, dict):
+            value: dict[str, Any] = {"nodeSelectorTerms": terms}
+            for outer in reversed(levels[depth + 1 :]):
+                value = {outer: value}
+            run.ops.append(patch_ops.add(ptr, value))
+            return
+        node = child
+    ptr = f"{ptr}/nodeSelectorTerms"
+    existing_terms = node.get("nodeSelectorTerms")
+    if not isinstance(existing_terms, list) or not existing_terms:
+        run.ops.append(patch_ops.add(ptr, terms))
+        return
+    for index, term in enumerate(existing_terms):
+        if not isinstance(term, dict):
+            continue
+        expressions = term.get("matchExpressions")
+        present = expressions if isinstance(expressions, list) else []
+        new = [r for r in unique if not any(same(e, r) for e in present)]
+        patch_ops.add_to_list(run.ops, f"{ptr}/{index}/matchExpressions", expressions, new)
+
+
+def _merge_runtime_class(
+    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> None:
+    current = spec.get("runtimeClassName")
+    for profile in profiles:
+        wanted = profile.runtime_class_name
+        if not wanted:
+            continue
+        if not current:
+            run.ops.append(patch_ops.add(f"{spec_ptr}/runtimeClassName", wanted))
+            current = wanted
+        elif current != wanted:
+            run.conflicts.append(
+                f"{where}spec.runtimeClassName: kept {current!r} (profile {profile.name} wants {wanted!r})"
+            )
+
+
+def _set_injected_annotation(template: PodTemplate, value: str, run: InjectionRun) -> None:
+    meta_ptr = f"{template.pointer}/metadata"
+    metadata = template.body.get("metadata")
+    if not isinstance(metadata, dict):
+        run.ops.append(patch_ops.add(meta_ptr, {"annotations": {labels.INJECTED: value}}))
+        return
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, dict) and annotations.get(labels.INJECTED) == value:
+        return
+    patch_ops.set_in_map(run.ops, f"{meta_ptr}/annotations", annotations, labels.INJECTED, value)
