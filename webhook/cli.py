@@ -20,6 +20,9 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    from webhook.service_cli import register_service
+
+    register_service(subparsers)
     mutate = subparsers.add_parser(
         "mutate",
         help="preview what the webhook would inject into Pods/TFJobs (YAML or JSON in, YAML out)",
