@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+import pytest
+
+from devicemodel.webhook_config import default_config, load_config
+from tests.support.paths import EXAMPLES
+from webhook.compiled_config import CompiledConfig
+
+
+@pytest.fixture(scope="session")
+def default_compiled() -> CompiledConfig:
+    return CompiledConfig(default_config())
+
+
+@pytest.fixture(scope="session")
+def seed_compiled() -> CompiledConfig:
+    return CompiledConfig(load_config(EXAMPLES / "seed-config.yaml"))
