@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLE_DEVICES
+from plugin_testkit import EXAMPLE_DEVICES
 
 from plugin.backend_fake import FakeBackend
 from plugin.device_list import build_device_list

@@ -1,0 +1,248 @@
+"""The running plugin: discovery + health loop + config reload + registrar + metrics, and shutdown.
+
+Everything here is driven by one asyncio loop in one process ("lightweight": no threads of ours).
+The health loop is also where the config file and the fake devices file are re-read, by content,
+because ConfigMap volumes update by symlink swap and send no useful file events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from devicemodel.plugin_config import ConfigError, PluginConfig, load_plugin_config
+from plugin.device_list import DeviceList, build_device_list
+from plugin.device_state import DeviceState, Snapshot
+from plugin.discovery import BackendError, Chip, Discovery
+from plugin.health import HealthTracker
+from plugin.metrics import PluginMetrics
+from plugin.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
+from plugin.servicer import DevicePluginServicer
+
+log = logging.getLogger(__name__)
+
+REGISTRATION_GRACE_SECONDS = 15.0
+"""/healthz tolerates this long without registration: a kubelet restart takes a second or two."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    device_plugin_dir: Path
+    config_path: Path | None = None
+    """Re-read on every health check; ``None`` runs on the defaults."""
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    node_name: str | None = None
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class PluginApp:
+    def __init__(self, settings: PluginSettings, config: PluginConfig, backend: Discovery) -> None:
+        self.settings = settings
+        self.config = config
+        self.backend = backend
+        self.metrics = PluginMetrics()
+        self.tracker = HealthTracker(config.health.recover_after)
+        self.backend_error: str | None = None
+        self._config_digest = _file_digest(settings.config_path) if settings.config_path else None
+        self._rejected_digest: str | None = None
+        self._chips: list[Chip] = []
+        self.state = DeviceState(self._snapshot(build_device_list([], splitboard=False, replicas=1)))
+        self.servicer = DevicePluginServicer(self.state, self.metrics)
+        self.registrar = Registrar(
+            settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
+        )
+        self.stop_event = asyncio.Event()
+        self.ready = asyncio.Event()
+        """Set once the first discovery has been published (the benchmark and tests wait on it)."""
+
+    @property
+    def resource_name(self) -> str:
+        return self.config.resource_name or self.backend.vendor.resource_name
+
+    def check_socket_path(self) -> None:
+        path = self.settings.device_plugin_dir / socket_name_for(self.resource_name)
+        if len(str(path).encode()) > MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter directory"
+            )
+
+    def _snapshot(self, devices: DeviceList) -> Snapshot:
+        unhealthy = {p.id: r for p in devices.physical if (r := self.tracker.device_reason(p))}
+        return Snapshot(
+            devices=devices,
+            unhealthy=unhealthy,
+            config=self.config,
+            vendor=self.backend.vendor,
+            control_nodes=self.backend.control_nodes(),
+        )
+
+    # -- health loop ---------------------------------------------------------------------------
+
+    def _reload_config(self) -> bool:
+        """Apply a changed config file; keep the last good one when the new one is invalid."""
+        path = self.settings.config_path
+        if path is None:
+            return False
+        digest = _file_digest(path)
+        if digest is None or digest == self._config_digest or digest == self._rejected_digest:
+            return False
+        try:
+            config = load_plugin_config(path)
+        except ConfigError as exc:
+            self._rejected_digest = digest
+            self.metrics.config_reloads.labels(result="rejected").inc()
+            log.error("config change rejected, keeping the last good config: %s", exc)
+            return False
+        self._config_digest, self._rejected_digest = digest, None
+        if config.digest() == self.config.digest():
+            return False
+        old_resource = self.resource_name
+        self.config = config
+        self.tracker.recover_after = config.health.recover_after
+        self.metrics.config_reloads.labels(result="applied").inc()
+        log.info(
+            "config reloaded: splitboard=%s replicas=%d resourceName=%s",
+            config.flags.splitboard,
+            config.replicas,
+            self.resource_name,
+        )
+        if self.resource_name != old_resource:
+            self.registrar.request_reregister()
+        return True
+
+    def _poll_backend(self) -> None:
+        try:
+            chips = self.backend.chips()
+        except BackendError as exc:
+            reason = f"management library error: {exc}"
+            self.metrics.backend_errors.inc()
+            if reason != self.backend_error:
+                log.error("%s; advertising every device Unhealthy until it answers again", reason)
+            self.backend_error = reason
+            transitions = self.tracker.observe_failure(reason)
+        else:
+            if self.backend_error is not None:
+                log.info("management library answers again (after: %s)", self.backend_error)
+            self.backend_error = None
+            transitions = self.tracker.observe(chips)
+            self._chips = chips
+        for t in transitions:
+            (log.info if t.healthy else log.warning)("%s", t.describe())
+            self.metrics.health_transitions.labels(to="Healthy" if t.healthy else "Unhealthy").inc()
+
+    async def check_once(self) -> None:
+        """One health interval's work: config, discovery/health, publish if anything changed."""
+        self._reload_config()
+        self._poll_backend()
+        try:
+            devices = build_device_list(
+                self._chips, splitboard=self.config.flags.splitboard, replicas=self.config.replicas
+            )
+        except ValueError as exc:
+            log.error("cannot build the device list: %s", exc)
+            return
+        snapshot = self._snapshot(devices)
+        if await self.state.publish(snapshot):
+            healthy = sum(1 for d in devices.devices if snapshot.health(d) == "Healthy")
+            log.info(
+                "advertising %d %s devices (%d Healthy, %d Unhealthy)",
+                len(devices.devices),
+                self.resource_name,
+                healthy,
+                len(devices.devices) - healthy,
+            )
+            self.metrics.devices.labels(health="Healthy").set(healthy)
+            self.metrics.devices.labels(health="Unhealthy").set(len(devices.devices) - healthy)
+
+    async def _health_loop(self) -> None:
+        while not self.stop_event.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.health.interval_seconds)
+            if not self.stop_event.is_set():
+                await self.check_once()
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Why /healthz should fail; empty when healthy."""
+        out = []
+        if self.backend_error:
+            out.append(self.backend_error)
+        if not self.registrar.registered:
+            lost_for = time.monotonic() - self.registrar.not_registered_since
+            if lost_for > REGISTRATION_GRACE_SECONDS:
+                out.append(f"not registered with the kubelet for {lost_for:.0f}s")
+        return out
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def request_stop(self, why: str) -> None:
+        if not self.stop_event.is_set():
+            log.info("%s: advertising all devices Unhealthy, then stopping", why)
+            self.stop_event.set()
+
+    async def run(self, *, handle_signals: bool = False) -> int:
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        await self.check_once()
+        self.ready.set()
+        http_server = None
+        if self.settings.metrics_port is not None:
+            from plugin.http_endpoints import start_http_server
+
+            http_server = await start_http_server(
+                self, self.settings.metrics_host, self.settings.metrics_port
+            )
+        registrar = asyncio.create_task(self.registrar.run(self.stop_event), name="registrar")
+        health = asyncio.create_task(self._health_loop(), name="health")
+        try:
+            done, _ = await asyncio.wait(
+                {registrar, health, asyncio.ensure_future(self.stop_event.wait())},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            for task in done:
+                if task is not registrar and task is not health:
+                    continue
+                if task.exception() is not None:
+                    log.error("%s loop failed: %r", task.get_name(), task.exception())
+                    self.stop_event.set()
+        finally:
+            await self._shutdown(registrar, health)
+            if http_server is not None:
+                http_server.close()
+                await http_server.wait_closed()
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        return 0
+
+    async def _shutdown(self, *tasks: asyncio.Task[None]) -> None:
+        self.stop_event.set()
+        final = replace(self.state.snapshot, final=True)
+        await self.state.publish(final)
+        await self.state.close()
+        if not await self.state.wait_streams_done(timeout=1.0):
+            log.warning("ListAndWatch streams did not finish in 1s; stopping anyway")
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.registrar.shutdown(grace=1.0)
+        self.backend.close()
+        log.info("stopped; socket removed")

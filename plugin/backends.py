@@ -1,0 +1,50 @@
+"""Choosing a discovery backend: ``auto`` tries ixml, then nvml, then devfs.
+
+Each backend module is imported only when chosen, so a node without NVML never imports pynvml.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from plugin.discovery import BackendError, Discovery
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "ixml", "nvml", "devfs", "fake")
+
+
+def make_backend(kind: str, *, fake_devices: Path | None = None, root: Path = Path("/")) -> Discovery:
+    """Build the backend; :class:`BackendError` says why it cannot start (library missing...)."""
+    if kind == "fake":
+        if fake_devices is None:
+            raise ValueError("--backend fake needs --fake-devices FILE")
+        from plugin.backend_fake import FakeBackend
+
+        return FakeBackend(fake_devices)
+    if kind == "ixml":
+        from plugin.backend_ixml import IxmlBackend
+
+        return IxmlBackend(root=root)
+    if kind == "nvml":
+        from plugin.backend_nvml import NvmlBackend
+
+        return NvmlBackend(root=root)
+    if kind == "devfs":
+        from plugin.backend_devfs import DevfsBackend
+
+        return DevfsBackend(root=root)
+    if kind == "auto":
+        reasons = []
+        for candidate in ("ixml", "nvml"):
+            try:
+                backend = make_backend(candidate, root=root)
+            except BackendError as exc:
+                reasons.append(f"{candidate}: {exc}")
+                continue
+            log.info("backend auto: using %s", candidate)
+            return backend
+        log.info("backend auto: no management library (%s); using devfs", "; ".join(reasons))
+        return make_backend("devfs", root=root)
+    raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")

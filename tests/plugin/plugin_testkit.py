@@ -1,0 +1,16 @@
+"""Helpers shared by the device-plugin tests (imported by name; tests/plugin is on sys.path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_DEVICES = REPO / "examples" / "fake-devices.yaml"
+FAST_HEALTH = "health:\n  intervalSeconds: 0.1\n  recoverAfter: 3\n"
+
+
+def write_config(directory: Path, text: str) -> Path:
+    """An ix-config file (tests prepend FAST_HEALTH for a 0.1 s health interval)."""
+    path = directory / "ix-config"
+    path.write_text(text)
+    return path

@@ -1,0 +1,218 @@
+"""The ixml binding against a gcc-built stand-in for libixml, and the devfs backend on a fake tree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devicemodel.vendors import ILUVATAR, NVIDIA
+from plugin.backend_devfs import DevfsBackend
+from plugin.backends import make_backend
+from plugin.device_list import build_device_list
+from plugin.discovery import BackendError
+
+HERE = Path(__file__).resolve().parent
+
+SCRIPT = """\
+GPU-ix-0 0 0 0 0 32768 8a
+GPU-ix-1 1 0 1 0 32768 8b
+GPU-ix-3 3 1 1 0 32768 8d
+GPU-ix-2 2 1 0 0 32768 8c
+"""
+
+
+@pytest.fixture(scope="module")
+def libixml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Compile tests/plugin/fake_ixml.c into <COREX_HOME>/lib64/libixml.so."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "these tests need a C compiler (gcc) to build the libixml stand-in"
+    corex_home = tmp_path_factory.mktemp("corex")
+    (corex_home / "lib64").mkdir()
+    subprocess.run(
+        [
+            gcc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-o",
+            str(corex_home / "lib64" / "libixml.so"),
+            str(HERE / "fake_ixml.c"),
+        ],
+        check=True,
+    )
+    return corex_home
+
+
+@pytest.fixture
+def ixml_env(libixml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    script = tmp_path / "script"
+    script.write_text(SCRIPT)
+    root = tmp_path / "root"
+    for bus, numa in (("8a", 0), ("8b", 0), ("8c", 1), ("8d", 1)):
+        dev = root / "sys/bus/pci/devices" / f"0000:{bus}:00.0"
+        dev.mkdir(parents=True)
+        (dev / "numa_node").write_text(f"{numa}\n")
+    (root / "dev").mkdir()
+    (root / "dev/itrctl").touch()
+    monkeypatch.setenv("COREX_HOME", str(libixml))
+    monkeypatch.setenv("FAKE_IXML_SCRIPT", str(script))
+    yield script
+
+
+def test_ixml_discovers_boards_positions_numa_and_memory(ixml_env: Path) -> None:
+    backend = make_backend("ixml", root=ixml_env.parent / "root")
+    chips = backend.chips()
+    assert [c.uuid for c in chips] == ["GPU-ix-0", "GPU-ix-1", "GPU-ix-3", "GPU-ix-2"]
+    assert [c.numa_node for c in chips] == [0, 0, 1, 1]
+    assert {c.product for c in chips} == {"Iluvatar BI-V150"}
+    assert {c.memory_mib for c in chips} == {32768}
+    assert backend.control_nodes() == ("/dev/itrctl",)
+    devices = build_device_list(chips, splitboard=False, replicas=1)
+    # Board 1's position-0 chip is GPU-ix-2 although the library lists GPU-ix-3 first.
+    assert devices.ids == ("GPU-ix-0", "GPU-ix-2")
+    assert devices.physical[1].minors == (2, 3)
+    assert len(build_device_list(chips, splitboard=True, replicas=4).devices) == 16
+    backend.close()
+
+
+def test_ixml_health_bits_lost_chip_and_library_failure(ixml_env: Path) -> None:
+    backend = make_backend("ixml", root=ixml_env.parent / "root")
+    assert all(c.healthy for c in backend.chips())
+    ixml_env.write_text(SCRIPT.replace("GPU-ix-1 1 0 1 0 ", "GPU-ix-1 1 0 1 14 "))
+    reasons = {c.uuid: c.unhealthy_reason for c in backend.chips()}
+    assert reasons["GPU-ix-1"] == "over temperature, ECC error (health 0x14)"
+    ixml_env.write_text(SCRIPT.replace("8b\n", "8b lost\n"))
+    chips = {c.uuid: c for c in backend.chips()}
+    assert chips["GPU-ix-1"].unhealthy_reason == "nvmlDeviceGetHandleByIndex_v2: GPU is lost (code 15)"
+    assert chips["GPU-ix-1"].minor == 1  # remembered from when it was readable
+    ixml_env.write_text("fail 999\n")
+    with pytest.raises(BackendError, match=r"nvmlDeviceGetCount_v2: Unknown Error \(code 999\)"):
+        backend.chips()
+    ixml_env.write_text(SCRIPT)
+    assert len(backend.chips()) == 4
+
+
+def test_missing_library_names_every_place_looked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("COREX_HOME", str(tmp_path))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    with pytest.raises(BackendError) as info:
+        make_backend("ixml")
+    message = str(info.value)
+    assert f"{tmp_path}/lib64/libixml.so: not found" in message
+    assert "/usr/local/corex/lib64/libixml.so" in message
+
+
+def pci(root: Path, address: str, vendor: int, pci_class: int, numa: int = -1) -> None:
+    dev = root / "sys/bus/pci/devices" / address
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(f"0x{vendor:04x}\n")
+    (dev / "class").write_text(f"0x{pci_class:06x}\n")
+    (dev / "device").write_text("0x0001\n")
+    (dev / "numa_node").write_text(f"{numa}\n")
+
+
+def test_devfs_pairs_pci_functions_with_device_nodes(tmp_path: Path) -> None:
+    pci(tmp_path, "0000:8a:00.0", ILUVATAR.pci_vendor_id, 0x120000, numa=0)
+    pci(tmp_path, "0000:8b:00.0", ILUVATAR.pci_vendor_id, 0x120000, numa=1)
+    pci(tmp_path, "0000:00:1f.0", 0x8086, 0x060100)
+    (tmp_path / "dev").mkdir()
+    for name in ("iluvatar0", "iluvatar1", "itrctl", "iluvatar-foo"):
+        (tmp_path / "dev" / name).touch()
+    backend = DevfsBackend(root=tmp_path)
+    assert backend.vendor is ILUVATAR
+    chips = backend.chips()
+    assert [(c.uuid, c.minor, c.numa_node, c.healthy) for c in chips] == [
+        ("PCI-0000:8a:00.0", 0, 0, True),
+        ("PCI-0000:8b:00.0", 1, 1, True),
+    ]
+    assert backend.control_nodes() == ("/dev/itrctl",)
+    os.remove(tmp_path / "dev" / "iluvatar1")
+    assert chips[1].uuid == backend.chips()[1].uuid
+    assert backend.chips()[1].unhealthy_reason == "no device node for PCI device 0000:8b:00.0"
+
+
+def test_devfs_skips_nvidia_audio_function_and_finds_nothing_on_empty_tree(tmp_path: Path) -> None:
+    pci(tmp_path, "0000:3b:00.0", NVIDIA.pci_vendor_id, 0x030200)
+    pci(tmp_path, "0000:3b:00.1", NVIDIA.pci_vendor_id, 0x040300)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    backend = DevfsBackend(root=tmp_path)
+    assert backend.vendor is NVIDIA
+    assert [c.uuid for c in backend.chips()] == ["PCI-0000:3b:00.0"]
+    with pytest.raises(BackendError, match="no GPU PCI devices"):
+        DevfsBackend(root=tmp_path / "empty")
+
+
+class FakeNvml:
+    """Just enough of pynvml's surface, with pynvml's own error type semantics."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.lost: set[int] = set()
+        self.count_error: str | None = None
+        self.boards = [0x100, 0x100, 0]
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        if self.count_error:
+            raise self.NVMLError(self.count_error)
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index in self.lost:
+            raise self.NVMLError("GPU is lost")
+        return index
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return f"GPU-nv-{h}"
+
+    def nvmlDeviceGetBoardId(self, h: int) -> int:
+        return self.boards[h]
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> object:
+        return type("Pci", (), {"busId": f"00000000:{0x3B + h:02X}:00.0".encode()})()
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        return h
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        return type("Mem", (), {"total": 141 * 1024**3})()
+
+
+def test_nvml_boards_numa_and_lost_gpu(tmp_path: Path) -> None:
+    from plugin.backend_nvml import NvmlBackend
+
+    dev = tmp_path / "sys/bus/pci/devices/0000:3c:00.0"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    fake = FakeNvml()
+    backend = NvmlBackend(root=tmp_path, nvml=fake)
+    assert backend.vendor is NVIDIA
+    chips = backend.chips()
+    assert [(c.uuid, c.board_position, c.numa_node, c.memory_mib) for c in chips] == [
+        ("GPU-nv-0", 0, None, 141 * 1024),
+        ("GPU-nv-1", 1, 1, 141 * 1024),
+        ("GPU-nv-2", 0, None, 141 * 1024),
+    ]
+    assert build_device_list(chips, splitboard=False, replicas=1).ids == ("GPU-nv-0", "GPU-nv-2")
+    fake.lost.add(1)
+    lost = backend.chips()[1]
+    assert (lost.uuid, lost.unhealthy_reason) == ("GPU-nv-1", "NVML: GPU is lost")
+    fake.count_error = "Driver Not Loaded"
+    with pytest.raises(BackendError, match="Driver Not Loaded"):
+        backend.chips()
