@@ -22,6 +22,7 @@ from plugin.device_state import DeviceState, Snapshot
 from plugin.discovery import BackendError, Chip, Discovery
 from plugin.health import HealthTracker
 from plugin.metrics import PluginMetrics
+from plugin.node_labels import ApiServer, NodeLabeler, node_labels
 from plugin.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from plugin.servicer import DevicePluginServicer
 
@@ -39,6 +40,8 @@ class PluginSettings:
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     node_name: str | None = None
+    api_server: ApiServer | None = None
+    """Where to publish node labels (``labels.enabled``); ``None`` outside a cluster."""
 
 
 def _file_digest(path: Path) -> str | None:
@@ -64,6 +67,8 @@ class PluginApp:
         self.registrar = Registrar(
             settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
         )
+        self.labeler = NodeLabeler(settings.api_server, settings.node_name)
+        self._labels_warned = False
         self.stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         """Set once the first discovery has been published (the benchmark and tests wait on it)."""
@@ -166,6 +171,22 @@ class PluginApp:
             )
             self.metrics.devices.labels(health="Healthy").set(healthy)
             self.metrics.devices.labels(health="Unhealthy").set(len(devices.devices) - healthy)
+        if self.config.labels.enabled:
+            await self._label_node(devices)
+
+    async def _label_node(self, devices: DeviceList) -> None:
+        if not self.labeler.usable:
+            if not self._labels_warned:
+                log.warning(
+                    "labels.enabled, but not running in a cluster with NODE_NAME and a service account; "
+                    "node labels are not published"
+                )
+                self._labels_warned = True
+            return
+        values = node_labels(devices)
+        if self.labeler.pending(values):
+            # urllib blocks; keep the event loop (and ListAndWatch) responsive meanwhile.
+            await asyncio.to_thread(self.labeler.publish, values)
 
     async def _health_loop(self) -> None:
         while not self.stop_event.is_set():

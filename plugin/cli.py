@@ -130,6 +130,7 @@ def run_plugin(args: argparse.Namespace) -> int:
 
     from devicemodel.plugin_config import ConfigError
     from plugin.app import PluginApp, PluginSettings
+    from plugin.node_labels import ApiServer
 
     directory = Path(args.device_plugin_dir)
     if not directory.is_dir():
@@ -139,6 +140,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         config_path=config_path,
         metrics_port=args.metrics_port or None,
         node_name=os.environ.get("NODE_NAME"),
+        api_server=ApiServer.in_cluster() if config.labels.enabled else None,
     )
 
     async def main() -> int:

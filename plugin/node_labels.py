@@ -1,0 +1,103 @@
+"""Node labels (product, count, memory, replicas) under the keys the webhook's GPU-type selection reads.
+
+Published with one JSON merge-patch to the API server using the pod's service account, through the
+standard library: importing the kubernetes client would cost the plugin more memory than the rest
+of it together, for one PATCH call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import ssl
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from devicemodel import labels
+from plugin.device_list import DeviceList
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def node_labels(devices: DeviceList) -> dict[str, str]:
+    """Labels for the advertised set; empty when there is nothing to advertise."""
+    if not devices.physical:
+        return {}
+    first = devices.physical[0]
+    return {
+        labels.GPU_PRODUCT: labels.label_value(first.product),
+        labels.GPU_COUNT: str(len(devices.devices)),
+        labels.GPU_MEMORY: str(first.memory_mib),
+        labels.GPU_REPLICAS: str(devices.replicas),
+    }
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    base_url: str
+    token: str
+    ca_file: str | None
+
+    @classmethod
+    def in_cluster(cls) -> ApiServer | None:
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        token_file = SERVICE_ACCOUNT / "token"
+        if not host or not port or not token_file.exists():
+            return None
+        if ":" in host:
+            host = f"[{host}]"
+        return cls(f"https://{host}:{port}", token_file.read_text().strip(), str(SERVICE_ACCOUNT / "ca.crt"))
+
+
+def patch_node_labels(api: ApiServer, node: str, values: dict[str, str], timeout: float = 10) -> None:
+    """Merge ``values`` into the node's labels; raises OSError (URLError/HTTPError) on failure."""
+    body = json.dumps({"metadata": {"labels": values}}).encode()
+    request = urllib.request.Request(
+        f"{api.base_url}/api/v1/nodes/{node}",
+        data=body,
+        method="PATCH",
+        headers={
+            "Authorization": f"Bearer {api.token}",
+            "Content-Type": "application/merge-patch+json",
+            "Accept": "application/json",
+        },
+    )
+    context = ssl.create_default_context(cafile=api.ca_file) if api.base_url.startswith("https") else None
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+        response.read()
+
+
+class NodeLabeler:
+    """Publishes labels when they change; remembers failures so they are retried, logged once each."""
+
+    def __init__(self, api: ApiServer | None, node: str | None) -> None:
+        self.api = api
+        self.node = node
+        self.published: dict[str, str] = {}
+        self._last_error = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.api is not None and bool(self.node)
+
+    def pending(self, values: dict[str, str]) -> bool:
+        return self.usable and bool(values) and values != self.published
+
+    def publish(self, values: dict[str, str]) -> bool:
+        assert self.api is not None and self.node
+        try:
+            patch_node_labels(self.api, self.node, values)
+        except (OSError, urllib.error.URLError) as exc:
+            message = str(exc)
+            if message != self._last_error:
+                log.error("cannot label node %s (will retry): %s", self.node, message)
+                self._last_error = message
+            return False
+        self.published, self._last_error = dict(values), ""
+        log.info("labelled node %s: %s", self.node, values)
+        return True
