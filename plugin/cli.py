@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.cli import UsageError
+from plugin.backends import BACKENDS  # light: no backend module is imported here
 
 if TYPE_CHECKING:
     from devicemodel.plugin_config import PluginConfig
     from plugin.discovery import Discovery
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_CONFIG = "/ixconfig/ix-config"
+DEFAULT_CONFIG = "/ixconfig/ix-config"  # = devicemodel.plugin_config.DEFAULT_PATH, without pydantic
 DEFAULT_METRICS_PORT = 9401
-BACKENDS = ("auto", "ixml", "nvml", "devfs", "fake")
 
 
 def _port(text: str) -> int:

@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
 

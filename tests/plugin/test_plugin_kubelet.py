@@ -319,3 +319,23 @@ def test_plugin_started_before_kubelet_registers_when_it_appears(short_tmp: Path
         assert not (directory / "iluvatar-gpu.sock").exists()
 
     run(scenario)
+
+
+def test_kubelet_restart_detected_without_inotify(
+    short_tmp: Path, fake_devices: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The polling fallback (no inotify): own socket gone → serve and register again."""
+    from plugin.socket_watch import SocketWatch
+
+    def no_inotify(self: SocketWatch) -> None:
+        self.using_inotify = False
+
+    monkeypatch.setattr(SocketWatch, "_open_inotify", no_inotify)
+
+    async def scenario() -> None:
+        async with plugin_and_kubelet(short_tmp, fake_devices) as (app, kubelet):
+            assert not app.registrar.watch.using_inotify
+            await kubelet.restart()
+            await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, timeout=5, what="re-registration")
+
+    run(scenario)
