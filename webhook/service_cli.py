@@ -1,10 +1,104 @@
-"""``ix-gpu webhook``: the HTTPS admission service (being built)."""
+"""``ix-gpu webhook``: the HTTPS admission service.
+
+Registration only declares arguments: FastAPI, uvicorn and the kubernetes client are imported by
+the handler, so ``ix-gpu mutate`` and ``--help`` stay fast.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from ix_gpu.cli import UsageError
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
+    return value
+
 
 def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Not registered yet: the service lands with the webhook-service issue."""
+    webhook = subparsers.add_parser(
+        "webhook",
+        help="run the mutating admission webhook (HTTPS AdmissionReview v1 on /mutate)",
+        description=(
+            "Serve POST /mutate (AdmissionReview admission.k8s.io/v1), GET /healthz, /readyz and "
+            "/metrics over HTTPS. Without tls.crt/tls.key in --cert-dir, development certificates for "
+            "localhost and 127.0.0.1 are generated there (trust ca.crt). Certificate and config files "
+            "are re-read when their content changes. Without --kubeconfig and outside a cluster, "
+            "namespace annotations and labels are unknown (said at startup)."
+        ),
+    )
+    webhook.add_argument("--config", metavar="FILE", help="webhook config (default: the built-in one)")
+    webhook.add_argument(
+        "--cert-dir",
+        default="certs",
+        metavar="DIR",
+        help="directory with tls.crt and tls.key (default: certs)",
+    )
+    webhook.add_argument(
+        "--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default: 127.0.0.1)"
+    )
+    webhook.add_argument(
+        "--port", default=8443, type=_port, metavar="N", help="port (default: 8443; 0 picks a free one)"
+    )
+    webhook.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig for namespace lookups (default: in a Pod its service account, else none)",
+    )
+    webhook.add_argument(
+        "--reload-interval",
+        default=5.0,
+        type=_seconds,
+        metavar="SECONDS",
+        help="how often cert and config files are checked for new content (default: 5)",
+    )
+    webhook.add_argument(
+        "--request-timeout",
+        default=10.0,
+        type=_seconds,
+        metavar="SECONDS",
+        help="longest wait for a request body before answering 408 (default: 10)",
+    )
+    webhook.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="JSON log level on stderr (default: info; info logs one line per admission)",
+    )
+    webhook.set_defaults(handler=_run_webhook)
+
+
+def _run_webhook(args: argparse.Namespace) -> int:
+    from webhook.server import ServiceOptions, StartupError, run_service
+
+    options = ServiceOptions(
+        config_path=args.config,
+        cert_dir=args.cert_dir,
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        reload_interval=args.reload_interval,
+        request_timeout=args.request_timeout,
+        log_level=args.log_level,
+    )
+    try:
+        return run_service(options)
+    except StartupError as exc:
+        raise UsageError(str(exc)) from None

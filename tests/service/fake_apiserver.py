@@ -1,0 +1,265 @@
+"""A small local stand-in for the kube-apiserver's Namespace endpoints, for unit-level tests.
+
+It speaks the wire protocol the kubernetes client uses — list with ``metadata.resourceVersion``,
+chunked watch streams of ``{"type", "object"}`` lines, bookmarks, ``ERROR`` events with a 410
+Status when the requested resourceVersion is compacted, GET by name with a 404 Status — and lets a
+test inject what a real apiserver does on a bad day: errors, compaction, held-back events, slowness.
+
+The real-Kubernetes tier (tests/k8s) replaces this with a real kube-apiserver; the cache under test
+is the same code, pointed at a different kubeconfig.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+
+@dataclass
+class _Event:
+    version: int
+    type: str
+    obj: dict[str, Any]
+
+
+@dataclass
+class FakeApiServer:
+    namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = 100
+    compacted_below: int = 0
+    events: list[_Event] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=lambda: {"list": 0, "watch": 0, "get": 0})
+    fail_next: int = 0
+    """Answer this many coming requests with HTTP 500."""
+    hold_events: bool = False
+    """Record changes without telling watchers (as if the watch lagged behind)."""
+    get_delay: float = 0.0
+    watch_gone_http: bool = False
+    """Answer the next watch with HTTP 410 instead of an ERROR event."""
+
+    def __post_init__(self) -> None:
+        self._cond = threading.Condition()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------------ test controls
+
+    def put(
+        self, name: str, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+    ) -> None:
+        with self._cond:
+            self.version += 1
+            kind = "MODIFIED" if name in self.namespaces else "ADDED"
+            obj = {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": name,
+                    "uid": f"uid-{name}",
+                    "resourceVersion": str(self.version),
+                    "labels": {"kubernetes.io/metadata.name": name, **(labels or {})},
+                    "annotations": dict(annotations or {}),
+                },
+                "spec": {"finalizers": ["kubernetes"]},
+                "status": {"phase": "Active"},
+            }
+            self.namespaces[name] = obj
+            self.events.append(_Event(self.version, kind, obj))
+            self._cond.notify_all()
+
+    def delete(self, name: str) -> None:
+        with self._cond:
+            self.version += 1
+            obj = self.namespaces.pop(name)
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+            self.events.append(_Event(self.version, "DELETED", obj))
+            self._cond.notify_all()
+
+    def compact(self) -> None:
+        """Forget history: watches from an older resourceVersion get 410 Gone."""
+        with self._cond:
+            self.compacted_below = self.version
+            self.events.clear()
+            self._cond.notify_all()
+
+    def release_events(self) -> None:
+        with self._cond:
+            self.hold_events = False
+            self._cond.notify_all()
+
+    def count(self, call: str) -> int:
+        with self._cond:
+            return self.calls[call]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def stop(self) -> None:
+        """Stop answering: open watches end, new connections are refused."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    # ------------------------------------------------------------------ protocol
+
+    def _take_failure(self) -> bool:
+        with self._cond:
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return True
+            return False
+
+    def _list_body(self) -> bytes:
+        with self._cond:
+            self.calls["list"] += 1
+            return json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "NamespaceList",
+                    "metadata": {"resourceVersion": str(self.version)},
+                    "items": list(self.namespaces.values()),
+                }
+            ).encode()
+
+    def _watch(self, handler: BaseHTTPRequestHandler, since: int, timeout: float) -> None:
+        with self._cond:
+            self.calls["watch"] += 1
+            gone_http, self.watch_gone_http = self.watch_gone_http, False
+        if gone_http:
+            _send_status(handler, 410, "Expired", "too old resource version")
+            return
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        deadline = time.monotonic() + timeout
+        sent = since
+        try:
+            while True:
+                final = False
+                with self._cond:
+                    if self._closing:
+                        break
+                    if sent < self.compacted_below:
+                        # Events this watcher has not seen were compacted away.
+                        status: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "status": "Failure"}
+                        status.update(code=410, reason="Expired", message=f"too old resource version: {sent}")
+                        pending = [{"type": "ERROR", "object": status}]
+                        final = True
+                    elif self.hold_events:
+                        pending = []
+                    else:
+                        pending = [{"type": e.type, "object": e.obj} for e in self.events if e.version > sent]
+                        if pending:
+                            sent = self.events[-1].version
+                    if not pending:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(min(remaining, 0.5))
+                        continue
+                for event in pending:
+                    _write_chunk(handler, json.dumps(event).encode() + b"\n")
+                if final:
+                    break
+            _write_chunk(handler, b"")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _get(self, handler: BaseHTTPRequestHandler, name: str) -> None:
+        with self._cond:
+            self.calls["get"] += 1
+            obj = self.namespaces.get(name)
+            delay = self.get_delay
+        if delay:
+            time.sleep(delay)
+        if obj is None:
+            _send_status(handler, 404, "NotFound", f'namespaces "{name}" not found')
+        else:
+            _send_json(handler, 200, json.dumps(obj).encode())
+
+
+def _write_chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
+    handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    handler.wfile.flush()
+
+
+def _send_json(handler: BaseHTTPRequestHandler, code: int, body: bytes) -> None:
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _send_status(handler: BaseHTTPRequestHandler, code: int, reason: str, message: str) -> None:
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message}
+    _send_json(handler, code, json.dumps({**status, "code": code}).encode())
+
+
+def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            url = urlparse(self.path)
+            query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+            if api._take_failure():
+                _send_status(self, 500, "InternalError", "injected failure")
+                return
+            if url.path == "/api/v1/namespaces":
+                if query.get("watch") in ("true", "1", "True"):
+                    since = int(query.get("resourceVersion") or 0)
+                    timeout = float(query.get("timeoutSeconds") or 30)
+                    api._watch(self, since, timeout)
+                    self.close_connection = True
+                else:
+                    _send_json(self, 200, api._list_body())
+                return
+            prefix = "/api/v1/namespaces/"
+            if url.path.startswith(prefix) and "/" not in url.path[len(prefix) :]:
+                api._get(self, url.path[len(prefix) :])
+                return
+            _send_status(self, 404, "NotFound", "no such path in the stand-in")
+
+    return Handler
