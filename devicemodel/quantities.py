@@ -63,6 +63,11 @@ def parse_quantity(raw: object) -> Fraction:
 
 def gpu_count(raw: object) -> int:
     """A GPU count: a whole, non-negative quantity."""
+    # Fast path for what nearly every manifest holds (1, "2"); it is on the admission hot path.
+    if type(raw) is int and raw >= 0:
+        return raw
+    if type(raw) is str and raw.isdigit() and raw.isascii():
+        return int(raw)
     value = parse_quantity(raw)
     if value < 0:
         raise QuantityError(f"{raw!r} is negative")

@@ -32,7 +32,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             "stderr. Exit 0 on success, 1 when an object is denied, 2 on unreadable input or config."
         ),
     )
-    mutate.add_argument("-f", "--filename", required=True, metavar="FILE", help="manifest file, or - for stdin")
+    mutate.add_argument(
+        "-f", "--filename", required=True, metavar="FILE", help="manifest file, or - for stdin"
+    )
     mutate.add_argument("--config", metavar="FILE", help="webhook config (default: the built-in one)")
     mutate.add_argument(
         "--namespace",
@@ -56,7 +58,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="a label of the namespace (repeatable), e.g. pod-security.kubernetes.io/enforce=baseline",
     )
     mutate.add_argument("--patch", action="store_true", help="print JSON patches instead of objects")
-    mutate.add_argument("-v", "--verbose", action="store_true", help="say on stderr what happened to each object")
+    mutate.add_argument(
+        "-v", "--verbose", action="store_true", help="say on stderr what happened to each object"
+    )
     mutate.set_defaults(handler=_run_mutate)
 
     config = subparsers.add_parser("config", help="validate or print the webhook configuration")

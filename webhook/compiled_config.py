@@ -11,7 +11,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
-from devicemodel.webhook_config import EnvMode, EnvVar, Privileged, Profile, WebhookConfig, Workload
+from devicemodel.webhook_config import Profile, WebhookConfig, Workload
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.
 _MATCH_CACHE_LIMIT = 4096
@@ -28,13 +28,23 @@ class InjectedVolume:
 
 
 @dataclass(frozen=True, slots=True)
+class InjectedEnv:
+    name: str
+    value: str
+    mode: str
+    """An :class:`~devicemodel.webhook_config.EnvMode` value as a plain string: comparing enum
+    members costs several times a string comparison, and this is checked per GPU container."""
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledProfile:
     name: str
     index: int
     """Position in the config: profiles apply in config order."""
-    privileged: Privileged
+    privileged: str
+    """``never`` | ``allowed`` | ``required`` (plain string, as for env modes)."""
     volumes: tuple[InjectedVolume, ...]
-    env: tuple[EnvVar, ...]
+    env: tuple[InjectedEnv, ...]
     node_selector: tuple[tuple[str, str], ...]
     node_requirements: tuple[dict[str, Any], ...]
     tolerations: tuple[dict[str, Any], ...]
@@ -55,9 +65,9 @@ def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
     return CompiledProfile(
         name=profile.name,
         index=index,
-        privileged=profile.privileged,
+        privileged=profile.privileged.value,
         volumes=tuple(volumes),
-        env=profile.env,
+        env=tuple(InjectedEnv(e.name, e.value, e.mode.value) for e in profile.env),
         node_selector=tuple(profile.node_selector.items()),
         node_requirements=tuple(r.to_k8s() for r in profile.affinity.required_node_expressions),
         tolerations=tuple(t.to_k8s() for t in profile.tolerations),
@@ -82,6 +92,12 @@ class CompiledConfig:
             else:
                 self._workloads[(workload.api_version, workload.kind)] = workload
         self._matches: dict[str, tuple[CompiledProfile, ...]] = {}
+        patterns = [pattern for p in config.profiles for pattern in p.resources]
+        self.exact_resources: frozenset[str] | None = (
+            None if any(ch in pattern for pattern in patterns for ch in "*?[") else frozenset(patterns)
+        )
+        """All resource names any profile matches, when no profile uses a glob (else None): lets
+        the hot path dismiss a container with one C-level set operation."""
 
     def workload(self, api_version: str, kind: str) -> Workload | None:
         found = self._workloads.get((api_version, kind))
@@ -112,7 +128,3 @@ class CompiledConfig:
 
 def _matches_any(name: str, patterns: tuple[str, ...]) -> bool:
     return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def env_mode_merges_paths(mode: EnvMode) -> bool:
-    return mode in (EnvMode.PREPEND_PATH, EnvMode.APPEND_PATH)

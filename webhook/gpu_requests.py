@@ -35,9 +35,7 @@ def _describe(name: str, where: str) -> str:
     return f'container "{name}"' + (f" in {where}" if where else "")
 
 
-def _resource_map(resources: Any, key: str) -> dict[str, Any]:
-    value = resources.get(key) if isinstance(resources, dict) else None
-    return value if isinstance(value, dict) else {}
+_NO_RESOURCES: dict[str, Any] = {}
 
 
 def _count(raw: Any, name: str, where: str, resource: str, field: str) -> int:
@@ -52,29 +50,36 @@ def _count(raw: Any, name: str, where: str, resource: str, field: str) -> int:
 def gpu_containers(spec: dict[str, Any], config: CompiledConfig, where: str) -> list[GpuContainer]:
     """The containers of ``spec`` that request at least one GPU of a configured resource."""
     found: list[GpuContainer] = []
+    profiles_for = config.profiles_for
+    exact = config.exact_resources
     for list_name in CONTAINER_LISTS:
         containers = spec.get(list_name)
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if not isinstance(container, dict):
+            # ``type(...) is dict``: objects come from a JSON parser, and this loop runs for every
+            # container of every admitted pod, GPU or not.
+            resources = container.get("resources") if type(container) is dict else None
+            if type(resources) is not dict:
                 continue
-            resources = container.get("resources")
-            limits = _resource_map(resources, "limits")
-            requests = _resource_map(resources, "requests")
-            if not limits and not requests:
+            limits = resources.get("limits")
+            if type(limits) is not dict:
+                limits = _NO_RESOURCES
+            requests = resources.get("requests")
+            if type(requests) is not dict:
+                requests = _NO_RESOURCES
+            if exact is not None and exact.isdisjoint(limits) and exact.isdisjoint(requests):
                 continue
-            name = str(container.get("name", f"#{index}"))
+            name = str(container.get("name") or f"#{index}")
             profiles: dict[int, CompiledProfile] = {}
-            for resource in (*limits, *(r for r in requests if r not in limits)):
-                if not isinstance(resource, str):
-                    continue
-                matched = config.profiles_for(resource)
-                if not matched:
-                    continue
-                if _gpus_requested(limits, requests, resource, name, where) > 0:
+            for resource in limits:
+                matched = profiles_for(resource) if type(resource) is str else ()
+                if matched and _gpus_requested(limits, requests, resource, name, where) > 0:
                     for profile in matched:
                         profiles[profile.index] = profile
+            for resource in requests:
+                if resource not in limits and type(resource) is str and profiles_for(resource):
+                    _gpus_requested(limits, requests, resource, name, where)  # raises: no limit
             if profiles:
                 ordered = tuple(profiles[i] for i in sorted(profiles))
                 found.append(GpuContainer(list_name, index, name, container, ordered))

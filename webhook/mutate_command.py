@@ -49,7 +49,9 @@ def _read_documents(filename: str, stdin: TextIO) -> list[Any]:
 def _describe(doc: Any) -> str:
     if not isinstance(doc, dict):
         return "document"
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     name = meta.get("name") or meta.get("generateName") or "?"
     return f"{doc.get('kind', '?')}/{name}"
 

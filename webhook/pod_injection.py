@@ -14,12 +14,13 @@ overwritten; the core turns them into warnings or a denial according to ``policy
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import methodcaller
 from typing import Any
 
 from devicemodel import labels
-from devicemodel.webhook_config import EnvMode, EnvVar, Privileged
+from devicemodel.webhook_config import EnvMode, Privileged
 from webhook import patch_ops
-from webhook.compiled_config import CompiledProfile
+from webhook.compiled_config import CompiledProfile, InjectedEnv
 from webhook.gpu_requests import GpuContainer
 from webhook.patch_ops import Op, token
 from webhook.templates import PodTemplate
@@ -174,20 +175,46 @@ def _merge_container(
     _merge_privileged(body, ptr, label, container.profiles, run)
 
 
-def _path_merge(current: str, ours: str, mode: EnvMode) -> str:
+_OVERRIDE = EnvMode.OVERRIDE.value
+_SET_IF_ABSENT = EnvMode.SET_IF_ABSENT.value
+_PREPEND_PATH = EnvMode.PREPEND_PATH.value
+_NEVER = Privileged.NEVER.value
+_REQUIRED = Privileged.REQUIRED.value
+
+
+def _path_merge(current: str, ours: str, mode: str) -> str:
     parts = [p for p in current.split(":") if p] if current else []
     missing = [p for p in ours.split(":") if p and p not in parts]
     if not missing:
         return current
-    return ":".join(missing + parts) if mode is EnvMode.PREPEND_PATH else ":".join(parts + missing)
+    return ":".join(missing + parts) if mode == _PREPEND_PATH else ":".join(parts + missing)
 
 
-def _merged_value(current: str, var: EnvVar) -> str:
-    if var.mode is EnvMode.OVERRIDE:
+def _merged_value(current: str, var: InjectedEnv) -> str:
+    if var.mode == _OVERRIDE:
         return var.value
-    if var.mode is EnvMode.SET_IF_ABSENT:
+    if var.mode == _SET_IF_ABSENT:
         return current
     return _path_merge(current, var.value, var.mode)
+
+
+_GET_NAME = methodcaller("get", "name")
+
+
+def _last_index(entries: list[Any], name: str) -> int:
+    """Index of the last env entry called ``name`` (the runtime takes the last duplicate), or -1.
+
+    A reverse scan per profile variable beats building a name index: a profile sets one or two
+    variables while a container may define dozens, and this runs on every GPU container.
+    """
+    try:
+        names = list(map(_GET_NAME, entries))  # C-level loop; non-dict entries raise
+    except (AttributeError, TypeError):
+        names = [e.get("name") if isinstance(e, dict) else None for e in entries]
+    try:
+        return len(names) - 1 - names[::-1].index(name)
+    except ValueError:
+        return -1
 
 
 def _merge_env(
@@ -195,11 +222,6 @@ def _merge_env(
 ) -> None:
     env = body.get("env")
     entries: list[Any] = env if isinstance(env, list) else []
-    # The runtime takes the last of duplicate names, so that is the one we merge into.
-    last: dict[str, int] = {}
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-            last[entry["name"]] = i
     updated: dict[int, str] = {}
     appended: list[dict[str, Any]] = []
     appended_at: dict[str, int] = {}
@@ -209,11 +231,11 @@ def _merge_env(
                 item = appended[appended_at[var.name]]
                 item["value"] = _merged_value(item["value"], var)
                 continue
-            if var.name not in last:
+            i = _last_index(entries, var.name)
+            if i < 0:
                 appended_at[var.name] = len(appended)
                 appended.append({"name": var.name, "value": var.value})
                 continue
-            i = last[var.name]
             entry = entries[i]
             if "valueFrom" in entry:
                 run.conflicts.append(f"{label}.env[name={var.name}]: set from valueFrom by the user; kept it")
@@ -221,7 +243,7 @@ def _merge_env(
             raw = updated.get(i, entry.get("value", ""))
             current = raw if isinstance(raw, str) else ""
             merged = _merged_value(current, var)
-            if var.mode is EnvMode.SET_IF_ABSENT and current != var.value:
+            if var.mode == _SET_IF_ABSENT and current != var.value:
                 run.conflicts.append(
                     f"{label}.env[name={var.name}]: the user's value {current!r} kept "
                     f"(profile {profile.name} would set {var.value!r})"
@@ -239,10 +261,10 @@ def _merge_env(
 def _merge_privileged(
     body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
 ) -> None:
-    wanting = [p for p in profiles if p.privileged is not Privileged.NEVER]
+    wanting = [p for p in profiles if p.privileged != _NEVER]
     if not wanting:
         return
-    required = [p.name for p in wanting if p.privileged is Privileged.REQUIRED]
+    required = [p.name for p in wanting if p.privileged == _REQUIRED]
     context = body.get("securityContext")
     reason = run.privileged_block
     if reason is None and isinstance(context, dict):

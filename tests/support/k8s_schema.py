@@ -20,9 +20,13 @@ from referencing import Registry, Resource
 def _validator(version: str, kind: str, api_version: str) -> jsonschema.protocols.Validator:
     group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     schema_dir = f"v{version}-local-strict"
-    schema = schema_contents(f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json", version)
+    schema = schema_contents(
+        f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json", version
+    )
     definitions = schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json", version)
-    registry: Registry[Any] = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
+    registry: Registry[Any] = Resource.from_contents(definitions) @ (
+        Resource.from_contents(schema) @ Registry()
+    )
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
 
 
@@ -33,4 +37,6 @@ def validate(obj: dict[str, Any], version: str = "1.35.0") -> None:
 
 def validate_pod_template(template: dict[str, Any], version: str = "1.35.0") -> None:
     """A pod template (e.g. from a TFJob) checked as the template of a core/v1 PodTemplate."""
-    validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template}, version)
+    validate(
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template}, version
+    )

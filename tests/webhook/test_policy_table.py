@@ -48,7 +48,13 @@ DISABLED = {labels.INJECT: labels.INJECT_DISABLED}
         ("gpu pod", pod(GPU), NamespaceFacts("team"), Decision.MUTATED, "injected iluvatar@"),
         ("no gpu", pod({"cpu": "1"}), NamespaceFacts("team"), Decision.SKIPPED, "no container requests"),
         ("zero gpus", pod({"iluvatar.com/gpu": 0}), NamespaceFacts("team"), Decision.SKIPPED, "no container"),
-        ("ns annotation", pod(GPU), NamespaceFacts("team", annotations=DISABLED), Decision.SKIPPED, "opted out"),
+        (
+            "ns annotation",
+            pod(GPU),
+            NamespaceFacts("team", annotations=DISABLED),
+            Decision.SKIPPED,
+            "opted out",
+        ),
         ("ns label", pod(GPU), NamespaceFacts("team", labels=DISABLED), Decision.SKIPPED, "opted out"),
         (
             "unknown ns cannot opt out",
@@ -57,8 +63,20 @@ DISABLED = {labels.INJECT: labels.INJECT_DISABLED}
             Decision.MUTATED,
             "injected",
         ),
-        ("pod annotation", pod(GPU, annotations=DISABLED), NamespaceFacts("team"), Decision.SKIPPED, "object opted"),
-        ("pod label", pod(GPU, pod_labels=DISABLED), NamespaceFacts("team"), Decision.SKIPPED, "object opted"),
+        (
+            "pod annotation",
+            pod(GPU, annotations=DISABLED),
+            NamespaceFacts("team"),
+            Decision.SKIPPED,
+            "object opted",
+        ),
+        (
+            "pod label",
+            pod(GPU, pod_labels=DISABLED),
+            NamespaceFacts("team"),
+            Decision.SKIPPED,
+            "object opted",
+        ),
         ("kube-system", pod(GPU), NamespaceFacts("kube-system"), Decision.SKIPPED, "excluded"),
         ("kube-node-lease", pod(GPU), NamespaceFacts("kube-node-lease"), Decision.SKIPPED, "excluded"),
         (
@@ -103,14 +121,22 @@ def test_only_create_is_mutated(default_compiled: CompiledConfig, operation: str
 @pytest.mark.parametrize(
     ("limits", "requests", "message"),
     [
-        ({"iluvatar.com/gpu": "1.5"}, None, 'container "main": limit of iluvatar.com/gpu: \'1.5\' is not a whole'),
+        (
+            {"iluvatar.com/gpu": "1.5"},
+            None,
+            "container \"main\": limit of iluvatar.com/gpu: '1.5' is not a whole",
+        ),
         ({"iluvatar.com/gpu": 1.5}, None, "limit of iluvatar.com/gpu: 1.5 is not a whole number"),
         ({"iluvatar.com/gpu": "-1"}, None, "limit of iluvatar.com/gpu: '-1' is negative"),
         ({"iluvatar.com/gpu": -1}, None, "limit of iluvatar.com/gpu: -1 is negative"),
         ({"iluvatar.com/gpu": "abc"}, None, "limit of iluvatar.com/gpu: 'abc' is not a valid quantity"),
         ({"iluvatar.com/gpu": "500m"}, None, "'500m' is not a whole number"),
         ({"nvidia.com/gpu": True}, None, "limit of nvidia.com/gpu: True is not a quantity"),
-        ({"iluvatar.com/gpu": 1}, {"iluvatar.com/gpu": 2}, "iluvatar.com/gpu request (2) must equal its limit (1)"),
+        (
+            {"iluvatar.com/gpu": 1},
+            {"iluvatar.com/gpu": 2},
+            "iluvatar.com/gpu request (2) must equal its limit (1)",
+        ),
         (None, {"iluvatar.com/gpu": 1}, "iluvatar.com/gpu is requested but has no limit"),
         ({"cpu": "1"}, {"nvidia.com/gpu": "x"}, "request of nvidia.com/gpu: 'x' is not a valid quantity"),
     ],
@@ -170,7 +196,7 @@ def test_privileged_gating(mode: str, namespace: str, psa: str | None, known: bo
     result = mutate(obj, "CREATE", facts, _privileged_config(mode))
     if outcome == "deny":
         assert result.decision is Decision.DENIED
-        assert "requires privileged" in result.reason and 'containers[name=main]' in result.reason
+        assert "requires privileged" in result.reason and "containers[name=main]" in result.reason
         return
     assert result.decision is Decision.MUTATED
     container = jsonpatch.apply_patch(obj, result.ops)["spec"]["containers"][0]
@@ -234,9 +260,15 @@ CONFLICTS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "spec_extra", "container_extra", "field"), CONFLICTS, ids=[c[0] for c in CONFLICTS])
+@pytest.mark.parametrize(
+    ("name", "spec_extra", "container_extra", "field"), CONFLICTS, ids=[c[0] for c in CONFLICTS]
+)
 def test_conflicts_keep_the_users_value_and_warn(
-    default_compiled: CompiledConfig, name: str, spec_extra: dict[str, Any], container_extra: dict[str, Any], field: str
+    default_compiled: CompiledConfig,
+    name: str,
+    spec_extra: dict[str, Any],
+    container_extra: dict[str, Any],
+    field: str,
 ) -> None:
     obj = pod(GPU, **container_extra)
     obj["spec"].update(spec_extra)
@@ -259,7 +291,9 @@ def test_conflict_policy_deny() -> None:
     config = CompiledConfig(
         parse_config(
             {
-                "profiles": [{"name": "ix", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"gpu": "ix"}}],
+                "profiles": [
+                    {"name": "ix", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"gpu": "ix"}}
+                ],
                 "policy": {"conflictPolicy": "deny"},
             }
         )
@@ -301,7 +335,9 @@ def test_env_merge_modes() -> None:
         ],
     )
     result = mutate(obj, "CREATE", NamespaceFacts("team"), config)
-    env = {e["name"]: e["value"] for e in jsonpatch.apply_patch(obj, result.ops)["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e["value"] for e in jsonpatch.apply_patch(obj, result.ops)["spec"]["containers"][0]["env"]
+    }
     assert env == {
         "LD_LIBRARY_PATH": "/corex/lib64:/usr/lib",
         "PATH": "/bin:/usr/bin:/corex/bin",
@@ -339,7 +375,11 @@ def test_gpu_type_annotation_becomes_required_node_affinity(default_compiled: Co
 def test_keys_with_slash_and_tilde_are_escaped() -> None:
     config = CompiledConfig(
         parse_config(
-            {"profiles": [{"name": "ix", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"ix-gpu.io/a~b": "1"}}]}
+            {
+                "profiles": [
+                    {"name": "ix", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"ix-gpu.io/a~b": "1"}}
+                ]
+            }
         )
     )
     obj = pod(GPU)

@@ -35,29 +35,53 @@ RICH = CompiledConfig(
                     "name": "iluvatar",
                     "resources": ["iluvatar.com/gpu"],
                     "volumes": [
-                        {"name": "ix-driver", "hostPath": "/usr/local/corex", "type": "Directory",
-                         "mountPath": "/usr/local/corex", "readOnly": True},
+                        {
+                            "name": "ix-driver",
+                            "hostPath": "/usr/local/corex",
+                            "type": "Directory",
+                            "mountPath": "/usr/local/corex",
+                            "readOnly": True,
+                        },
                     ],
-                    "deviceNodes": {"inject": True, "volumes": [
-                        {"name": "ix-itrctl", "hostPath": "/dev/itrctl", "type": "CharDevice",
-                         "mountPath": "/dev/itrctl"},
-                    ]},
+                    "deviceNodes": {
+                        "inject": True,
+                        "volumes": [
+                            {
+                                "name": "ix-itrctl",
+                                "hostPath": "/dev/itrctl",
+                                "type": "CharDevice",
+                                "mountPath": "/dev/itrctl",
+                            },
+                        ],
+                    },
                     "env": [
-                        {"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64", "mode": "prepend-path"},
+                        {
+                            "name": "LD_LIBRARY_PATH",
+                            "value": "/usr/local/corex/lib64",
+                            "mode": "prepend-path",
+                        },
                         {"name": "PATH", "value": "/usr/local/corex/bin", "mode": "append-path"},
                         {"name": "IX_MODE", "value": "train", "mode": "override"},
                     ],
                     "privileged": "allowed",
                     "nodeSelector": {"ix-gpu.io/gpu.present": "true"},
-                    "affinity": {"requiredNodeExpressions": [{"key": labels.GPU_COUNT, "operator": "Exists"}]},
-                    "tolerations": [{"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "affinity": {
+                        "requiredNodeExpressions": [{"key": labels.GPU_COUNT, "operator": "Exists"}]
+                    },
+                    "tolerations": [
+                        {"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
                     "runtimeClassName": "corex",
                 },
                 {
                     "name": "nvidia",
                     "resources": ["nvidia.com/*"],
-                    "volumes": [{"name": "cuda", "hostPath": "/usr/local/cuda", "mountPath": "/usr/local/cuda"}],
-                    "env": [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/cuda/lib64", "mode": "prepend-path"}],
+                    "volumes": [
+                        {"name": "cuda", "hostPath": "/usr/local/cuda", "mountPath": "/usr/local/cuda"}
+                    ],
+                    "env": [
+                        {"name": "LD_LIBRARY_PATH", "value": "/usr/local/cuda/lib64", "mode": "prepend-path"}
+                    ],
                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                 },
             ],
@@ -69,10 +93,12 @@ CONFIGS = [CompiledConfig(default_config()), RICH]
 
 dns_label = st.from_regex(r"\A[a-z][a-z0-9]{0,6}\Z")
 env_name = st.sampled_from(["LD_LIBRARY_PATH", "PATH", "IX_MODE", "HOME", "A", "B_2"])
-path_value = st.lists(st.sampled_from(["/usr/lib", "/usr/local/corex/lib64", "/opt/x", "/bin"]), max_size=3).map(
-    ":".join
+path_value = st.lists(
+    st.sampled_from(["/usr/lib", "/usr/local/corex/lib64", "/opt/x", "/bin"]), max_size=3
+).map(":".join)
+resource_names = st.sampled_from(
+    ["iluvatar.com/gpu", "nvidia.com/gpu", "nvidia.com/mig-1g", "cpu", "example.com/x"]
 )
-resource_names = st.sampled_from(["iluvatar.com/gpu", "nvidia.com/gpu", "nvidia.com/mig-1g", "cpu", "example.com/x"])
 gpu_quantity = st.one_of(st.integers(0, 8), st.integers(0, 8).map(str))
 
 
@@ -132,12 +158,20 @@ def containers(draw: st.DrawFn, volume_names: list[str], prefix: str) -> list[di
         if env:
             container["env"] = env
         if volume_names:
-            mounts = draw(st.lists(st.tuples(st.sampled_from(volume_names), st.sampled_from(MOUNT_PATHS)),
-                                   unique_by=lambda t: t[1], max_size=2))
+            mounts = draw(
+                st.lists(
+                    st.tuples(st.sampled_from(volume_names), st.sampled_from(MOUNT_PATHS)),
+                    unique_by=lambda t: t[1],
+                    max_size=2,
+                )
+            )
             if mounts:
                 container["volumeMounts"] = [{"name": n, "mountPath": p} for n, p in mounts]
-        context = draw(st.sampled_from([None, {}, {"allowPrivilegeEscalation": False}, {"privileged": False},
-                                        {"runAsUser": 1000}]))
+        context = draw(
+            st.sampled_from(
+                [None, {}, {"allowPrivilegeEscalation": False}, {"privileged": False}, {"runAsUser": 1000}]
+            )
+        )
         if context is not None:
             container["securityContext"] = context
         out.append(container)
@@ -155,20 +189,32 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     if vols or draw(st.booleans()):
         spec["volumes"] = vols
     if draw(st.booleans()):
-        spec["tolerations"] = draw(st.sampled_from([
-            [], [{"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            [{"key": "other", "operator": "Equal", "value": "x", "effect": "NoExecute"}],
-        ]))
+        spec["tolerations"] = draw(
+            st.sampled_from(
+                [
+                    [],
+                    [{"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    [{"key": "other", "operator": "Equal", "value": "x", "effect": "NoExecute"}],
+                ]
+            )
+        )
     if draw(st.booleans()):
         spec["nodeSelector"] = draw(st.sampled_from([{}, {"ix-gpu.io/gpu.present": "false"}, {"zone": "a"}]))
     if draw(st.booleans()):
-        terms = draw(st.sampled_from([
-            [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}],
-            [{"matchExpressions": [{"key": labels.GPU_COUNT, "operator": "Exists"}]},
-             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}],
-        ]))
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": terms}}}
+        terms = draw(
+            st.sampled_from(
+                [
+                    [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}],
+                    [
+                        {"matchExpressions": [{"key": labels.GPU_COUNT, "operator": "Exists"}]},
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]},
+                    ],
+                ]
+            )
+        )
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
     metadata: dict[str, Any] = {"name": draw(dns_label)}
     if draw(st.integers(0, 4)) == 0:
         metadata["annotations"] = {labels.GPU_TYPE: draw(st.sampled_from(["BI-V150", "A100, H100"]))}
@@ -177,12 +223,14 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
-namespaces = st.sampled_from([
-    NamespaceFacts("gpu"),
-    NamespaceFacts("gpu", labels={labels.PSA_ENFORCE: "baseline"}),
-    NamespaceFacts("team"),
-    NamespaceFacts.unknown("gpu"),
-])
+namespaces = st.sampled_from(
+    [
+        NamespaceFacts("gpu"),
+        NamespaceFacts("gpu", labels={labels.PSA_ENFORCE: "baseline"}),
+        NamespaceFacts("team"),
+        NamespaceFacts.unknown("gpu"),
+    ]
+)
 
 
 def _gpu_container_names(pod: dict[str, Any], config: CompiledConfig) -> set[str]:
@@ -255,15 +303,22 @@ def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts,
 
 @settings(max_examples=max(EXAMPLES // 4, 50), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(worker=pods(), chief=pods(), namespace=namespaces)
-def test_tfjob_mutation_properties(worker: dict[str, Any], chief: dict[str, Any], namespace: NamespaceFacts) -> None:
+def test_tfjob_mutation_properties(
+    worker: dict[str, Any], chief: dict[str, Any], namespace: NamespaceFacts
+) -> None:
     job = {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
         "metadata": {"name": "job"},
-        "spec": {"tfReplicaSpecs": {
-            "Worker": {"replicas": 2, "template": {"metadata": worker["metadata"], "spec": worker["spec"]}},
-            "Chief": {"replicas": 1, "template": {"spec": chief["spec"]}},
-        }},
+        "spec": {
+            "tfReplicaSpecs": {
+                "Worker": {
+                    "replicas": 2,
+                    "template": {"metadata": worker["metadata"], "spec": worker["spec"]},
+                },
+                "Chief": {"replicas": 1, "template": {"spec": chief["spec"]}},
+            }
+        },
     }
     result = mutate(job, "CREATE", namespace, RICH)
     mutated = jsonpatch.apply_patch(job, result.ops)

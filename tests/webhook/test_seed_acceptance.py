@@ -55,7 +55,11 @@ def test_seed_tfjob_outside_privileged_namespace_gets_no_privileged(seed_compile
 
 def _tfjob() -> dict[str, Any]:
     def template(gpus: int | None) -> dict[str, Any]:
-        container: dict[str, Any] = {"name": "tensorflow", "image": "tf:2.16", "ports": [{"containerPort": 2222}]}
+        container: dict[str, Any] = {
+            "name": "tensorflow",
+            "image": "tf:2.16",
+            "ports": [{"containerPort": 2222}],
+        }
         if gpus is not None:
             container["resources"] = {"limits": {"iluvatar.com/gpu": gpus}}
         return {"spec": {"containers": [container], "restartPolicy": "OnFailure"}}

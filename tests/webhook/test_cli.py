@@ -1,0 +1,155 @@
+"""``ix-gpu mutate`` / ``config`` / ``certs``: golden outputs and exit codes, run as a user would."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from tests.support.paths import EXAMPLES, ROOT
+from webhook.certificates import serving_cert_sans
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+
+
+def ix_gpu(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ix_gpu", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if UPDATE:
+        path.write_text(text)
+    assert text == path.read_text(), f"output differs from {path} (UPDATE_GOLDEN=1 to accept)"
+
+
+SEED = ["-f", str(EXAMPLES / "seed-tfjob.yaml"), "--config", str(EXAMPLES / "seed-config.yaml")]
+
+
+@pytest.mark.parametrize(
+    ("golden", "args"),
+    [
+        ("seed-tfjob.yaml", [*SEED, "--namespace", "ml-team"]),
+        ("seed-tfjob.patch.json", [*SEED, "--namespace", "ml-team", "--patch"]),
+        ("gpu-pod.yaml", ["-f", str(EXAMPLES / "gpu-pod.yaml")]),
+        ("gpu-pod.patch.json", ["-f", str(EXAMPLES / "gpu-pod.yaml"), "--patch"]),
+    ],
+)
+def test_mutate_golden(golden: str, args: list[str]) -> None:
+    result = ix_gpu("mutate", *args)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    check_golden(golden, result.stdout)
+
+
+def test_mutate_multi_document_from_stdin_with_warnings() -> None:
+    docs = (
+        (EXAMPLES / "gpu-pod.yaml").read_text()
+        + "\n---\n"
+        + "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
+    )
+    result = ix_gpu(
+        "mutate", "-f", "-", "--namespace-label", "pod-security.kubernetes.io/enforce=baseline", stdin=docs
+    )
+    assert result.returncode == 0
+    assert result.stdout.count("---\n") == 1
+    assert "kind: ConfigMap" in result.stdout
+    assert "Warning: Pod/corex-example: spec.volumes: hostPath volumes not injected" in result.stderr
+
+
+def test_mutate_namespace_annotation_opts_out() -> None:
+    result = ix_gpu(
+        "mutate",
+        "-f",
+        str(EXAMPLES / "gpu-pod.yaml"),
+        "--patch",
+        "-v",
+        "--namespace-annotation",
+        "ix-gpu.io/inject=disabled",
+    )
+    assert result.returncode == 0
+    assert result.stdout == "[]\n"
+    assert 'skipped: namespace "default" opted out' in result.stderr
+
+
+def test_mutate_denied_exits_1_with_reason() -> None:
+    bad = (EXAMPLES / "gpu-pod.yaml").read_text().replace("iluvatar.com/gpu: 1", "iluvatar.com/gpu: 1.5")
+    result = ix_gpu("mutate", "-f", "-", stdin=bad)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert (
+        'Pod/corex-example denied: container "corex-example": limit of iluvatar.com/gpu: 1.5' in result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        (["mutate", "-f", "/does/not/exist"], None, "cannot read /does/not/exist"),
+        (["mutate", "-f", "-"], "a: [unclosed", "not valid YAML or JSON"),
+        (["mutate", "-f", "-", "--config", "/nope.yaml"], "{}", "invalid config: /nope.yaml: cannot read"),
+        (["mutate"], None, "the following arguments are required: -f/--filename"),
+        (["mutate", "-f", "-", "--namespace-label", "novalue"], "{}", "expected KEY=VALUE"),
+        (["certs", "generate", "--out", "/tmp/x", "--ip", "300.1.1.1"], None, "is not an IP address"),
+        (["bogus"], None, "invalid choice"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args: list[str], stdin: str | None, message: str) -> None:
+    result = ix_gpu(*args, stdin=stdin)
+    assert result.returncode == 2, result
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_mutate_rejects_invalid_config_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("profiles:\n- name: x\n  resources: [a.com/gpu]\n  privileged: sometimes\n")
+    result = ix_gpu("mutate", "-f", str(EXAMPLES / "gpu-pod.yaml"), "--config", str(config))
+    assert result.returncode == 2
+    assert "profiles[0].privileged" in result.stderr
+
+
+def test_config_default_round_trips_and_validates(tmp_path: Path) -> None:
+    default = ix_gpu("config", "default")
+    assert default.returncode == 0
+    path = tmp_path / "default.yaml"
+    path.write_text(default.stdout)
+    validated = ix_gpu("config", "validate", str(path))
+    assert validated.returncode == 0, validated.stderr
+    assert "valid (2 profiles, 3 workloads" in validated.stdout
+
+
+def test_config_validate_names_unknown_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("policy:\n  excludedNamespace: [a]\n")
+    result = ix_gpu("config", "validate", str(path))
+    assert result.returncode == 1
+    assert "policy.excludedNamespace: unknown key" in result.stderr
+
+
+def test_certs_generate(tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    result = ix_gpu("certs", "generate", "--out", str(out), "--dns", "ix-gpu.ix.svc", "--ip", "127.0.0.1")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["ca.crt", "ca.key", "tls.crt", "tls.key"]
+    assert stat.S_IMODE((out / "tls.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((out / "ca.key").stat().st_mode) == 0o600
+    assert serving_cert_sans((out / "tls.crt").read_bytes()) == (["ix-gpu.ix.svc"], ["127.0.0.1"])
+    cert = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in usages
