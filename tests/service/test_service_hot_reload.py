@@ -1,0 +1,285 @@
+"""Hot reload under load: certificate rotation and config edits with zero failed requests.
+
+The certificate directory is laid out like a mounted Secret volume — ``tls.crt -> ..data/tls.crt``,
+``..data -> ..<timestamp>`` — and rotated the way the kubelet does it: a new timestamped directory,
+then an atomic swap of the ``..data`` symlink. No inotify event fires for ``tls.crt`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from devicemodel.webhook_config import default_config
+from tests.service.conftest import FAST
+from tests.service.reviews import pod, review
+from tests.service.webhook_process import WebhookProcess, ca_context
+from webhook.certificates import CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE, issue_serving_cert
+
+REQUESTS = 2000
+BODY = json.dumps(review(pod())).encode()
+
+
+class SecretVolume:
+    """A directory that changes like a Kubernetes Secret volume."""
+
+    def __init__(self, root: Path, files: dict[str, bytes]) -> None:
+        self.root = root
+        self.generation = 0
+        root.mkdir(parents=True, exist_ok=True)
+        self.update(files)
+        for name in files:
+            os.symlink(f"..data/{name}", root / name)
+
+    def update(self, files: dict[str, bytes]) -> None:
+        self.generation += 1
+        version = self.root / f"..2026_11_30_{self.generation:02d}"
+        version.mkdir()
+        for name, data in files.items():
+            (version / name).write_bytes(data)
+        tmp = self.root / "..data_tmp"
+        os.symlink(version.name, tmp)
+        os.replace(tmp, self.root / "..data")
+
+
+class LoadLoop:
+    """Posts reviews from a thread until stopped and at least ``minimum`` were sent.
+
+    Every third request carries ``Connection: close``, so the next one makes a new TLS handshake:
+    rotation must work for new connections, not just for the ones already open.
+    """
+
+    def __init__(
+        self, webhook: WebhookProcess, check: Callable[[dict[str, Any]], str | None], minimum: int
+    ) -> None:
+        self.webhook = webhook
+        self.check = check
+        self.minimum = minimum
+        self.sent = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LoadLoop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(120)
+
+    def wait_for(self, count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.sent < count and self._thread.is_alive():
+            assert time.monotonic() < deadline, f"only {self.sent} requests in {timeout} s"
+            time.sleep(0.01)
+
+    def finish(self) -> None:
+        self.wait_for(self.minimum)
+        self._stop.set()
+        self._thread.join(120)
+
+    def _run(self) -> None:
+        with self.webhook.client() as client:
+            while not (self._stop.is_set() and self.sent >= self.minimum):
+                headers = {"content-type": "application/json"}
+                if self.sent % 3 == 2:
+                    headers["connection"] = "close"
+                try:
+                    response = client.post("/mutate", content=BODY, headers=headers)
+                    if response.status_code != 200:
+                        self.failures.append(f"HTTP {response.status_code}: {response.text[:200]}")
+                    else:
+                        problem = self.check(response.json()["response"])
+                        if problem:
+                            self.failures.append(problem)
+                except httpx.HTTPError as exc:
+                    self.failures.append(f"{type(exc).__name__}: {exc}")
+                self.sent += 1
+
+
+def _wait_metric(
+    webhook: WebhookProcess, name: str, value: float, timeout: float = 20, **labels: str
+) -> None:
+    deadline = time.monotonic() + timeout
+    while (current := webhook.metric(name, **labels)) < value:
+        assert time.monotonic() < deadline, f"{name}{labels} stayed at {current}, wanted {value}"
+        time.sleep(0.05)
+
+
+def _served_certificate(webhook: WebhookProcess, ca_file: Path) -> bytes:
+    host, port = webhook.url.removeprefix("https://").rsplit(":", 1)
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as raw,
+        ca_context(ca_file).wrap_socket(raw, server_hostname=host) as sock,
+    ):
+        der = sock.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def _der(pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(pem).public_bytes(Encoding.DER)
+
+
+@pytest.fixture
+def secret_volume(tmp_path: Path, cert_dir: Path) -> SecretVolume:
+    files = {name: (cert_dir / name).read_bytes() for name in (CA_FILE, CERT_FILE, KEY_FILE)}
+    return SecretVolume(tmp_path / "secret", files)
+
+
+@pytest.fixture
+def rotating_webhook(tmp_path: Path, secret_volume: SecretVolume) -> Iterator[WebhookProcess]:
+    proc = WebhookProcess(tmp_path, secret_volume.root, extra=FAST).start()
+    yield proc
+    proc.stop()
+
+
+def _mutated(response: dict[str, Any]) -> str | None:
+    decision = response.get("auditAnnotations", {}).get("decision")
+    return None if decision == "mutated" else f"unexpected decision {decision}"
+
+
+def test_certificate_rotation_under_load(
+    rotating_webhook: WebhookProcess, secret_volume: SecretVolume, cert_dir: Path
+) -> None:
+    ca_cert, ca_key = (cert_dir / CA_FILE).read_bytes(), (cert_dir / CA_KEY_FILE).read_bytes()
+    old_cert = (cert_dir / CERT_FILE).read_bytes()
+    new_cert, new_key = issue_serving_cert(ca_cert, ca_key, ["localhost"], ["127.0.0.1"], days=30)
+    assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(old_cert)
+
+    with LoadLoop(rotating_webhook, _mutated, REQUESTS) as load:
+        load.wait_for(REQUESTS // 4)
+        secret_volume.update({CA_FILE: ca_cert, CERT_FILE: new_cert, KEY_FILE: new_key})
+        _wait_metric(rotating_webhook, "ix_gpu_cert_reloads_total", 1, result="success")
+        at_reload = load.sent
+        load.wait_for(at_reload + REQUESTS // 4)
+        load.finish()
+
+    assert load.failures == [], load.failures[:5]
+    assert load.sent >= REQUESTS
+    assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(new_cert)
+    assert rotating_webhook.metric("ix_gpu_cert_reloads_total", result="error") == 0
+    assert any(e.get("msg") == "serving certificate reloaded" for e in rotating_webhook.logs())
+
+
+def test_broken_certificate_keeps_the_old_one(
+    rotating_webhook: WebhookProcess, secret_volume: SecretVolume, cert_dir: Path
+) -> None:
+    ca_cert, ca_key = (cert_dir / CA_FILE).read_bytes(), (cert_dir / CA_KEY_FILE).read_bytes()
+    old_cert = (cert_dir / CERT_FILE).read_bytes()
+    other_cert, other_key = issue_serving_cert(ca_cert, ca_key, ["localhost"], ["127.0.0.1"])
+    # A certificate with someone else's key: must not be loaded.
+    secret_volume.update(
+        {CA_FILE: ca_cert, CERT_FILE: other_cert, KEY_FILE: (cert_dir / KEY_FILE).read_bytes()}
+    )
+    _wait_metric(rotating_webhook, "ix_gpu_cert_reloads_total", 1, result="error")
+    assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(old_cert)
+    with rotating_webhook.client() as client:
+        assert client.get("/readyz").json()["certs"]["lastError"]
+        assert (
+            client.post("/mutate", content=BODY, headers={"content-type": "application/json"}).status_code
+            == 200
+        )
+
+    secret_volume.update({CA_FILE: ca_cert, CERT_FILE: other_cert, KEY_FILE: other_key})
+    _wait_metric(rotating_webhook, "ix_gpu_cert_reloads_total", 1, result="success")
+    assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(other_cert)
+    with rotating_webhook.client() as client:
+        assert client.get("/readyz").json()["certs"]["lastError"] is None
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "webhook-config.yaml"
+    path.write_text(default_config().to_yaml())
+    return path
+
+
+@pytest.fixture
+def config_webhook(tmp_path: Path, cert_dir: Path, config_file: Path) -> Iterator[WebhookProcess]:
+    proc = WebhookProcess(tmp_path, cert_dir, config=config_file, extra=FAST).start()
+    yield proc
+    proc.stop()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_config_reload_under_load(config_webhook: WebhookProcess, config_file: Path) -> None:
+    old_digest = default_config().digest()
+    accepted = {f"injected iluvatar@{old_digest}"}
+
+    def expected(response: dict[str, Any]) -> str | None:
+        reason = response.get("auditAnnotations", {}).get("reason", "")
+        return None if reason in accepted else f"unexpected reason {reason!r}"
+
+    with LoadLoop(config_webhook, expected, REQUESTS) as load:
+        load.wait_for(REQUESTS // 4)
+        _write_atomically(config_file, "policy:\n  namespaceLookupFailure: maybe\n")
+        _wait_metric(config_webhook, "ix_gpu_config_reloads_total", 1, result="error")
+        load.wait_for(load.sent + REQUESTS // 4)  # old behaviour kept meanwhile (checked per response)
+
+        with config_webhook.client() as client:
+            details = client.get("/readyz").json()["config"]
+        assert "policy.namespaceLookupFailure" in details["lastError"]
+        assert details["digest"] == old_digest
+
+        new_config = default_config().to_yaml().replace("- kube-node-lease", "- kube-node-lease\n  - team-a")
+        assert new_config != default_config().to_yaml()
+        accepted.add('namespace "team-a" is excluded by policy.excludedNamespaces')
+        _write_atomically(config_file, new_config)
+        _wait_metric(config_webhook, "ix_gpu_config_reloads_total", 1, result="success")
+        at_reload = load.sent
+        load.wait_for(at_reload + REQUESTS // 4)
+        load.finish()
+
+    assert load.failures == [], load.failures[:5]
+    with config_webhook.client() as client:
+        response = client.post("/mutate", content=BODY, headers={"content-type": "application/json"}).json()
+        assert response["response"]["auditAnnotations"]["reason"].endswith(
+            "excluded by policy.excludedNamespaces"
+        )
+        details = client.get("/readyz").json()["config"]
+        assert details["lastError"] is None and details["digest"] != old_digest
+    assert config_webhook.metric("ix_gpu_config_reloads_total", result="error") == 1
+    errors = [e for e in config_webhook.logs() if e.get("msg", "").startswith("config reload failed")]
+    assert len(errors) == 1 and "policy.namespaceLookupFailure" in errors[0]["error"]
+
+
+def test_invalid_config_at_startup_names_the_field(tmp_path: Path, cert_dir: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n- name: Bad_Name\n  resources: [x.com/gpu]\n")
+    proc = WebhookProcess(tmp_path, cert_dir, config=bad)
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        proc.start(timeout=30)
+    last = proc.log_tail(1)
+    assert last.startswith("ix-gpu webhook: invalid config:") and "profiles[0].name" in last
+
+
+def test_empty_config_file_on_reload_keeps_the_old_one(
+    config_webhook: WebhookProcess, config_file: Path
+) -> None:
+    _write_atomically(config_file, "")
+    _wait_metric(config_webhook, "ix_gpu_config_reloads_total", 1, result="error")
+    with config_webhook.client() as client:
+        assert "empty" in client.get("/readyz").json()["config"]["lastError"]
+        reason = client.post("/mutate", content=BODY, headers={"content-type": "application/json"}).json()
+        assert reason["response"]["auditAnnotations"]["decision"] == "mutated"
