@@ -8,6 +8,7 @@ admission hot path does dictionary lookups instead of glob matching and model du
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,8 @@ class CompiledConfig:
         self.digest = config.digest()
         self.profiles = tuple(_compile_profile(i, p) for i, p in enumerate(config.profiles))
         self.policy = config.policy
+        self._excluded = NamePatterns(config.policy.excluded_namespaces)
+        self._privileged = NamePatterns(config.policy.privileged_namespaces)
         self._workloads: dict[tuple[str, str], Workload] = {}
         self._workload_globs: list[Workload] = []
         for workload in config.workloads:
@@ -120,11 +123,21 @@ class CompiledConfig:
         return found
 
     def namespace_excluded(self, namespace: str) -> bool:
-        return _matches_any(namespace, self.policy.excluded_namespaces)
+        return self._excluded.matches(namespace)
 
     def namespace_may_be_privileged(self, namespace: str) -> bool:
-        return _matches_any(namespace, self.policy.privileged_namespaces)
+        return self._privileged.matches(namespace)
 
 
-def _matches_any(name: str, patterns: tuple[str, ...]) -> bool:
-    return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
+class NamePatterns:
+    """Exact names and globs, matched with one set lookup and at most one regex call."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        globs = [p for p in patterns if any(ch in p for ch in "*?[")]
+        self._exact = frozenset(p for p in patterns if p not in globs)
+        self._regex = re.compile("|".join(fnmatch.translate(g) for g in globs)) if globs else None
+
+    def matches(self, name: str) -> bool:
+        if name in self._exact:
+            return True
+        return self._regex is not None and self._regex.match(name) is not None
