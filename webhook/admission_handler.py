@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from devicemodel.webhook_config import NamespaceLookupFailure
 from webhook.admission_review import (
     ReviewError,
     ReviewRequest,
@@ -72,10 +73,18 @@ class AdmissionHandler:
             return mutate(obj, review.operation, NamespaceFacts.unknown(review.namespace), config)
         if not review.namespace or config.namespace_excluded(review.namespace):
             return mutate(obj, review.operation, NamespaceFacts(review.namespace), config)
+        facts = self._namespaces.cached_facts(review.namespace)
+        if facts is not None:
+            return mutate(obj, review.operation, facts, config)
+        # Not in memory. Known facts can only add reasons to skip or to hold back host access, so
+        # a skip computed without them stands, and most objects (no GPU) never cost a lookup.
+        provisional = mutate(obj, review.operation, NamespaceFacts.unknown(review.namespace), config)
+        if provisional.decision is Decision.SKIPPED:
+            return provisional
         try:
             facts = await self._namespaces.facts(review.namespace)
         except NamespaceLookupFailed as exc:
-            return self._lookup_failed(review, obj, config, str(exc))
+            return self._lookup_failed(config, str(exc))
         return mutate(obj, review.operation, facts, config)
 
     @staticmethod
@@ -86,16 +95,10 @@ class AdmissionHandler:
         return config.workload(api_version, kind) is not None
 
     @staticmethod
-    def _lookup_failed(
-        review: ReviewRequest, obj: dict[str, Any], config: CompiledConfig, reason: str
-    ) -> MutationResult:
-        # Known namespace facts can only add reasons to skip or to hold back host access, so a
-        # skip computed without them stands. Anything else — a denial too, since an opted-out
-        # namespace would have skipped before the core looked at quantities — is up to policy.
-        provisional = mutate(obj, review.operation, NamespaceFacts.unknown(review.namespace), config)
-        if provisional.decision is Decision.SKIPPED:
-            return provisional
-        if config.policy.namespace_lookup_failure.value == "deny":
+    def _lookup_failed(config: CompiledConfig, reason: str) -> MutationResult:
+        # Whatever the core said without namespace facts — a denial too, since an opted-out
+        # namespace would have skipped before quantities were checked — policy decides.
+        if config.policy.namespace_lookup_failure is NamespaceLookupFailure.DENY:
             return denied(f"{reason}; policy.namespaceLookupFailure is deny")
         return MutationResult(
             Decision.SKIPPED,

@@ -45,7 +45,11 @@ class NamespaceLookupFailed(Exception):
 class NamespaceSource(Protocol):
     mode: str
 
-    async def facts(self, name: str) -> NamespaceFacts: ...
+    def cached_facts(self, name: str) -> NamespaceFacts | None:
+        """Facts without waiting (None: not in memory, ask :meth:`facts`)."""
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        """Facts, fetched when not in memory; raises :class:`NamespaceLookupFailed`."""
 
     def ready(self) -> bool: ...
 
@@ -60,6 +64,9 @@ class UnknownNamespaces:
     """No cluster access (local runs): every namespace is unknown, and that is not a failure."""
 
     mode = "unknown"
+
+    def cached_facts(self, name: str) -> NamespaceFacts | None:
+        return NamespaceFacts.unknown(name)
 
     async def facts(self, name: str) -> NamespaceFacts:
         return NamespaceFacts.unknown(name)
@@ -293,12 +300,18 @@ class NamespaceCache:
         }
 
     def cached(self, name: str) -> NamespaceFacts | None:
+        """What the cache holds for ``name`` (not counted in metrics)."""
         return self._facts.get(name)
 
-    async def facts(self, name: str) -> NamespaceFacts:
+    def cached_facts(self, name: str) -> NamespaceFacts | None:
         found = self._facts.get(name)
         if found is not None:
             self._count("hit")
+        return found
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        found = self.cached_facts(name)
+        if found is not None:
             return found
         future = self._inflight.get(name)
         if future is None:

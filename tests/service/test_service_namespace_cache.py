@@ -1,0 +1,259 @@
+"""The namespace cache against a local stand-in for the kube-apiserver (unit level).
+
+The cache is built exactly as the service builds it — ``kubernetes_api(kubeconfig)`` — so these
+tests exercise the kubernetes client's URL layout, query parameters and chunked watch streams.
+The real-Kubernetes tier (tests/k8s) points the same code at a real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.service.conftest import FAST
+from tests.service.fake_apiserver import FakeApiServer
+from tests.service.reviews import container, pod, review
+from tests.service.webhook_process import WebhookProcess
+from webhook.decision import NamespaceFacts
+from webhook.metrics import ServiceMetrics
+from webhook.namespace_cache import NamespaceCache, NamespaceLookupFailed, kubernetes_api
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _eventually(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    server.put("team-a", annotations={LAST_APPLIED: "{" + "x" * 5000 + "}"})
+    server.put("optout", annotations={"ix-gpu.io/inject": "disabled"})
+    server.put("baseline", labels={"pod-security.kubernetes.io/enforce": "baseline"})
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def metrics() -> ServiceMetrics:
+    return ServiceMetrics()
+
+
+@pytest.fixture
+def cache(api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics) -> Iterator[NamespaceCache]:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    cache = NamespaceCache(
+        kubernetes_api(str(kubeconfig)),
+        metrics=metrics,
+        lookup_timeout=1.0,
+        watch_timeout=2,
+        backoff=(0.05, 0.2),
+    )
+    cache.start()
+    assert cache.wait_synced(10)
+    yield cache
+    cache.stop()
+
+
+def _sample(metrics: ServiceMetrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def _facts(cache: NamespaceCache, name: str) -> NamespaceFacts:
+    return asyncio.run(cache.facts(name))
+
+
+def test_initial_list_fills_the_cache(
+    cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
+) -> None:
+    optout = _facts(cache, "optout")
+    assert optout.known and optout.annotations == {"ix-gpu.io/inject": "disabled"}
+    assert _facts(cache, "baseline").labels == {"pod-security.kubernetes.io/enforce": "baseline"}
+    # Only the keys the core reads are kept: kilobytes of last-applied config are not.
+    assert _facts(cache, "team-a").annotations == {}
+    assert api.count("get") == 0
+    assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="hit") == 3
+    assert _sample(metrics, "ix_gpu_namespace_cache_size") == 3
+    assert cache.ready() and cache.status()["synced"] is True
+
+
+def test_watch_applies_adds_changes_and_deletes(cache: NamespaceCache, api: FakeApiServer) -> None:
+    api.put("new-team")
+    _eventually(lambda: cache.cached("new-team") is not None, what="ADDED")
+    api.put("new-team", annotations={"ix-gpu.io/inject": "disabled"})
+    _eventually(lambda: (f := cache.cached("new-team")) is not None and bool(f.annotations), what="MODIFIED")
+    api.delete("new-team")
+    _eventually(lambda: cache.cached("new-team") is None, what="DELETED")
+    assert api.count("get") == 0 and api.count("list") == 1
+
+
+def test_watch_continues_from_its_resource_version(cache: NamespaceCache, api: FakeApiServer) -> None:
+    """A watch ended by the server (timeoutSeconds) is resumed, not replaced by a re-list."""
+    _eventually(lambda: api.count("watch") >= 3, timeout=10, what="two watch restarts")
+    api.put("after-restarts")
+    _eventually(lambda: cache.cached("after-restarts") is not None, what="event after restarts")
+    assert api.count("list") == 1
+    assert cache.staleness_seconds() < 3
+
+
+def test_gone_event_triggers_a_relist(
+    cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
+) -> None:
+    api.hold_events = True  # the watch falls behind ...
+    api.put("missed")
+    api.compact()  # ... and its history is compacted: 410 Gone
+    _eventually(lambda: cache.cached("missed") is not None, what="re-list after 410")
+    assert api.count("list") == 2
+    assert _sample(metrics, "ix_gpu_namespace_cache_relists_total") == 2
+    assert _sample(metrics, "ix_gpu_namespace_cache_watch_errors_total") == 0
+    api.release_events()
+    api.put("after-gone")
+    _eventually(lambda: cache.cached("after-gone") is not None, what="watching again")
+
+
+def test_http_410_on_watch_triggers_a_relist(cache: NamespaceCache, api: FakeApiServer) -> None:
+    api.watch_gone_http = True
+    _eventually(lambda: api.count("list") == 2, timeout=10, what="re-list after HTTP 410")
+    api.put("after-http-gone")
+    _eventually(lambda: cache.cached("after-http-gone") is not None, what="watching again")
+
+
+def test_errors_back_off_and_recover(
+    cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
+) -> None:
+    api.fail_next = 3
+    _eventually(lambda: cache.status()["lastError"] is not None, timeout=10, what="an error")
+    api.put("during-outage")
+    _eventually(lambda: cache.cached("during-outage") is not None, timeout=10, what="recovery")
+    assert _sample(metrics, "ix_gpu_namespace_cache_watch_errors_total") == 3
+    assert cache.status()["lastError"] is None
+    assert cache.ready()
+
+
+def test_miss_is_answered_by_a_direct_get(
+    cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
+) -> None:
+    api.hold_events = True  # created a moment ago: the watch has not delivered it yet
+    api.put("fresh", labels={"ix-gpu.io/inject": "disabled"})
+    facts = _facts(cache, "fresh")
+    assert facts.known and facts.labels == {"ix-gpu.io/inject": "disabled"}
+    assert api.count("get") == 1
+    assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="fetched") == 1
+    _facts(cache, "fresh")
+    assert api.count("get") == 1  # remembered
+
+
+def test_absent_namespace_is_known_and_empty(cache: NamespaceCache, metrics: ServiceMetrics) -> None:
+    facts = _facts(cache, "does-not-exist")
+    assert facts == NamespaceFacts("does-not-exist")
+    assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="absent") == 1
+
+
+def test_concurrent_misses_share_one_get(cache: NamespaceCache, api: FakeApiServer) -> None:
+    api.hold_events = True
+    api.put("popular")
+    api.get_delay = 0.3
+
+    async def many() -> list[NamespaceFacts]:
+        return await asyncio.gather(*(cache.facts("popular") for _ in range(20)))
+
+    results = asyncio.run(many())
+    assert {f.name for f in results} == {"popular"}
+    assert api.count("get") == 1
+
+
+def test_slow_api_server_fails_the_lookup_within_the_timeout(
+    cache: NamespaceCache, api: FakeApiServer
+) -> None:
+    api.hold_events = True
+    api.put("slow")
+    api.get_delay = 3.0
+    started = time.monotonic()
+    with pytest.raises(NamespaceLookupFailed, match='namespace "slow" could not be read'):
+        _facts(cache, "slow")
+    assert time.monotonic() - started < 2.5
+
+
+def test_unreachable_api_server(cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics) -> None:
+    api.stop()
+    with pytest.raises(NamespaceLookupFailed):
+        _facts(cache, "never-seen")
+    assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="failed") == 1
+    # What was learned before keeps answering, and the staleness shows how old it is.
+    assert _facts(cache, "optout").annotations == {"ix-gpu.io/inject": "disabled"}
+    _eventually(lambda: cache.staleness_seconds() > 2.5, timeout=10, what="staleness")
+    assert _sample(metrics, "ix_gpu_namespace_cache_staleness_seconds") > 2.5
+
+
+# ------------------------------------------------------------------ through the service
+
+
+def _post(webhook: WebhookProcess, body: dict[str, object]) -> dict[str, object]:
+    with webhook.client() as client:
+        answer = client.post(
+            "/mutate", content=json.dumps(body), headers={"content-type": "application/json"}
+        )
+    assert answer.status_code == 200, answer.text
+    response = answer.json()["response"]
+    assert isinstance(response, dict)
+    return response
+
+
+def test_lookup_failure_allows_unmodified_with_a_warning(tmp_path: Path, cert_dir: Path) -> None:
+    api = FakeApiServer()
+    api.put("team-a")
+    api.start()
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    webhook = WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=FAST).start()
+    try:
+        with webhook.client() as client:
+            _eventually(lambda: client.get("/readyz").status_code == 200, what="ready")
+        api.stop()
+
+        cached = _post(webhook, review(pod(namespace="team-a"), namespace="team-a"))
+        assert cached["auditAnnotations"]["decision"] == "mutated"  # type: ignore[index]
+
+        unknown = _post(webhook, review(pod(namespace="brand-new"), namespace="brand-new"))
+        assert unknown["allowed"] is True and "patch" not in unknown
+        assert any("namespaceLookupFailure" in w for w in unknown["warnings"])  # type: ignore[attr-defined]
+
+        no_gpu = _post(
+            webhook, review(pod(containers=[container("web")], namespace="brand-2"), namespace="brand-2")
+        )
+        assert "warnings" not in no_gpu and no_gpu["allowed"] is True
+        assert webhook.metric("ix_gpu_namespace_lookups_total", result="failed") == 1
+    finally:
+        webhook.stop()
+
+
+def test_lookup_failure_denies_when_configured(tmp_path: Path, cert_dir: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\npolicy:\n  namespaceLookupFailure: deny\n"
+    )
+    api = FakeApiServer()
+    api.start()
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    api.stop()  # unreachable from the start
+    webhook = WebhookProcess(tmp_path, cert_dir, config=config, kubeconfig=kubeconfig, extra=FAST).start()
+    try:
+        with webhook.client() as client:
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["namespaces"]["synced"] is False
+            assert client.get("/healthz").status_code == 200
+        denied = _post(webhook, review(pod()))
+        assert denied["allowed"] is False
+        assert "namespaceLookupFailure is deny" in denied["status"]["message"]  # type: ignore[index]
+    finally:
+        webhook.stop()
