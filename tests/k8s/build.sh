@@ -131,5 +131,10 @@ build kubelet-harness ./kubelet-harness
 "$BIN/kube-apiserver" --version >&2 || die "the built kube-apiserver does not run"
 printf '%s\n' "$K8S_VERSION" >"$OUT/VERSION"
 touch "$OUT/.complete"
+# Keep the three newest builds (other checkouts may use older harness versions); drop the rest.
+ls -1dt "$CACHE_ROOT"/k8s-v*/ 2>/dev/null | tail -n +4 | while read -r old; do
+    log "removing old build $old"
+    rm -rf "$old"
+done
 log "done in $((SECONDS - START))s: $BIN"
 echo "$BIN"

@@ -57,6 +57,7 @@ def test_namespace_and_pod_round_trip(kube_api: KubeAPI, namespace: str) -> None
 def test_kubelet_harness_serves_registration_socket(kubelet_harness: Callable[..., KubeletHarness]) -> None:
     h = kubelet_harness()
     assert h.ready["ok"] and h.ready["event"] == "ready"
+    assert h.ready["socket"] == str(h.socket)
     assert stat.S_ISSOCK(h.socket.stat().st_mode)
     reply = h.capacity()
     assert reply["capacity"] == {} and reply["allocatable"] == {} and reply["deleted"] == []

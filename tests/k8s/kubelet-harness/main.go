@@ -75,6 +75,11 @@ type harness struct {
 	dir      string
 }
 
+// socket is kubelet.sock as the plugin under test sees it (in --dir).
+func (h *harness) socket() string {
+	return filepath.Join(h.dir, filepath.Base(pluginapi.KubeletSocket))
+}
+
 func (h *harness) activePods() []*v1.Pod {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -118,12 +123,12 @@ func (h *harness) restart() error {
 }
 
 type command struct {
-	Cmd       string         `json:"cmd"`
-	Pod       string         `json:"pod"`
-	Namespace string         `json:"namespace"`
-	Container string         `json:"container"`
-	Resource  string         `json:"resource"`
-	Count     int64          `json:"count"`
+	Cmd       string           `json:"cmd"`
+	Pod       string           `json:"pod"`
+	Namespace string           `json:"namespace"`
+	Container string           `json:"container"`
+	Resource  string           `json:"resource"`
+	Count     int64            `json:"count"`
 	Resources map[string]int64 `json:"resources"`
 }
 
@@ -282,7 +287,7 @@ func (h *harness) handle(c command) (reply, bool, error) {
 		if err := h.restart(); err != nil {
 			return nil, false, err
 		}
-		return reply{"socket": pluginapi.KubeletSocket, "dir": h.dir}, false, nil
+		return reply{"socket": h.socket(), "dir": h.dir}, false, nil
 	case "quit":
 		if h.mgr != nil {
 			_ = h.mgr.Stop(h.logger)
@@ -394,7 +399,7 @@ func main() {
 		emit(reply{"event": "ready"}, err)
 		os.Exit(1)
 	}
-	emit(reply{"event": "ready", "socket": pluginapi.KubeletSocket, "dir": h.dir, "pid": os.Getpid()}, nil)
+	emit(reply{"event": "ready", "socket": h.socket(), "dir": h.dir, "pid": os.Getpid()}, nil)
 
 	go func() {
 		sigs := make(chan os.Signal, 1)
