@@ -541,6 +541,7 @@ def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
     assert pod["nodeSelector"] == {"ix-gpu.io/gpu": "true"}
     assert {"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"]["runAsUser"] == 0  # the image's default user is 10001
     mounts = {m["mountPath"]: (m["name"], m.get("readOnly", False)) for m in container["volumeMounts"]}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert {path: host_paths[name] for path, (name, _) in mounts.items() if name in host_paths} == {

@@ -1,0 +1,36 @@
+# One image for both processes: `ix-gpu webhook` (Deployment, non-root) and `ix-gpu plugin`
+# (DaemonSet, privileged by its pod spec). No compiler is needed: every dependency ships wheels.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/ix-gpu
+ENV PATH=/opt/ix-gpu/bin:$PATH
+WORKDIR /src
+COPY pyproject.toml README.md constraints.txt ./
+COPY ix_gpu ./ix_gpu
+COPY devicemodel ./devicemodel
+COPY webhook ./webhook
+COPY plugin ./plugin
+# The same pip command and constraints file CI installs with (scripts/test.sh), without the dev extras.
+RUN python -m pip install -c constraints.txt .
+# Fail the build, not the rollout, when the console script does not resolve.
+RUN ix-gpu --help >/dev/null && ix-gpu webhook --help >/dev/null && ix-gpu plugin --help >/dev/null
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="ix-gpu" \
+      org.opencontainers.image.description="GPU admission webhook and device plugin for Kubernetes" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 ix-gpu \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin ix-gpu
+COPY --from=build /opt/ix-gpu /opt/ix-gpu
+ENV PATH=/opt/ix-gpu/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Numeric, so the kubelet can check runAsNonRoot without reading /etc/passwd. The plugin's
+# DaemonSet overrides this with a privileged securityContext, as device access requires.
+USER 10001:10001
+ENTRYPOINT ["ix-gpu"]
+CMD ["--help"]
