@@ -1,0 +1,197 @@
+"""The real ``ix-gpu plugin`` process judged by the kubelet's own device manager (kubelet-harness):
+the seed's capacities, Allocate's run options, re-registration after a kubelet restart, health
+flips from the fake devices file and the all-Unhealthy farewell on SIGTERM."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s.k8s_tier import KubeletHarness
+from tests.k8s.plugin_process import (
+    RESOURCE,
+    PluginProcess,
+    chip_uuids,
+    devices_yaml,
+    example_devices,
+    poll,
+    seed_config,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+REGISTER_S = 20.0
+"""Deadline for a plugin's (re-)registration; the measured times are printed."""
+
+MINOR = {c["uuid"]: c["minor"] for b in example_devices()["boards"] for c in b["chips"]}
+CONTROL_NODES = example_devices()["controlNodes"]
+
+StartPlugin = Callable[..., tuple[KubeletHarness, PluginProcess]]
+
+
+@pytest.fixture
+def start_plugin(
+    kubelet_harness: Callable[..., KubeletHarness],
+    k8s_log_dir: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[StartPlugin]:
+    """``start_plugin(devices, config)``: a fresh device manager, then the plugin serving into its
+    directory; returns both once the resource is registered with at least one device."""
+    plugins: list[PluginProcess] = []
+    test = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:60]
+
+    def start(devices: str, config: str) -> tuple[KubeletHarness, PluginProcess]:
+        harness = kubelet_harness()
+        n = len(plugins)
+        plugin = PluginProcess(
+            tmp_path / f"plugin{n}",
+            harness.dir,
+            devices,
+            config,
+            k8s_log_dir / f"ix-gpu-plugin-{test}-{n}.log",
+        )
+        plugins.append(plugin)
+        _, took = poll(harness, lambda r: r["capacity"].get(RESOURCE, 0) > 0, REGISTER_S, "registration")
+        print(f"registered in {took:.2f}s")
+        return harness, plugin
+
+    yield start
+    for plugin in plugins:
+        plugin.stop()
+
+
+def counts(reply: dict[str, Any]) -> tuple[int, int]:
+    return reply["capacity"].get(RESOURCE, 0), reply["allocatable"].get(RESOURCE, 0)
+
+
+def healthy_ids(reply: dict[str, Any]) -> set[str]:
+    return set(reply["healthy_devices"].get(RESOURCE, {}))
+
+
+def allocate(harness: KubeletHarness, pod: str, count: int) -> dict[str, Any]:
+    return harness.allocate(f"{pod}-uid/{pod}", "main", {RESOURCE: count})
+
+
+# --------------------------------------------------------------------------- the seed's numbers
+
+
+@pytest.mark.parametrize(
+    ("boards", "splitboard", "replicas", "expected_ids"),
+    [
+        pytest.param(1, False, None, ["e00"], id="one-board-1"),
+        pytest.param(1, True, None, ["e00", "e01"], id="one-board-splitboard-2"),
+        pytest.param(None, False, None, ["e00", "e02"], id="example-2"),
+        pytest.param(None, True, None, ["e00", "e01", "e02", "e03"], id="example-splitboard-4"),
+        pytest.param(
+            None, False, 4, [f"e0{b}::{i}" for b in (0, 2) for i in range(4)], id="two-gpus-replicas4-8"
+        ),
+    ],
+)
+def test_capacity_is_the_seeds(
+    start_plugin: StartPlugin,
+    boards: int | None,
+    splitboard: bool,
+    replicas: int | None,
+    expected_ids: list[str],
+) -> None:
+    harness, _ = start_plugin(devices_yaml(boards), seed_config(splitboard=splitboard, replicas=replicas))
+    reply = harness.capacity()
+    # Device IDs: a chip's UUID (splitboard), a board's first chip's UUID, "<id>::<replica>" when shared.
+    prefix = "GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4"
+    assert counts(reply) == (len(expected_ids), len(expected_ids)), reply
+    assert healthy_ids(reply) == {prefix + i for i in expected_ids}
+
+
+# --------------------------------------------------------------------------- Allocate
+
+
+def test_allocate_two_gives_device_nodes_and_visible_devices(start_plugin: StartPlugin) -> None:
+    harness, _ = start_plugin(devices_yaml(), seed_config(splitboard=True))
+    first = allocate(harness, "a", 2)
+    assert first["ok"], first
+    envs = {e["name"]: e["value"] for e in first["envs"]}
+    visible = envs["IX_VISIBLE_DEVICES"].split(",")
+    assert sorted(visible) == first["device_ids"][RESOURCE]
+    # GetPreferredAllocation, honoured by the real kubelet: both chips on one board.
+    assert sorted(visible) in chip_uuids()
+    expected_nodes = [f"/dev/iluvatar{MINOR[u]}" for u in visible] + CONTROL_NODES
+    assert sorted(first["devices"], key=lambda d: d["host_path"]) == [
+        {"host_path": p, "container_path": p, "permissions": "rw"} for p in sorted(expected_nodes)
+    ]
+    assert first["mounts"] == [] and first["cdi_devices"] == []
+
+    too_many = allocate(harness, "b", 3)
+    assert not too_many["ok"]
+    assert "Requested: 3, Available: 2" in too_many["error"], too_many
+
+    second = allocate(harness, "c", 2)
+    assert second["ok"], second
+    assert set(second["device_ids"][RESOURCE]).isdisjoint(visible)
+    assert not allocate(harness, "d", 1)["ok"]
+
+
+# --------------------------------------------------------------------------- kubelet restart
+
+
+def test_kubelet_restart_plugin_reregisters(start_plugin: StartPlugin) -> None:
+    harness, plugin = start_plugin(devices_yaml(), seed_config(splitboard=True))
+    before = allocate(harness, "a", 2)
+    assert before["ok"], before
+    restarted = harness.call("restart")
+    assert restarted["ok"], restarted
+    just_after = counts(harness.capacity())
+    reply, took = poll(harness, lambda r: counts(r) == (4, 4), REGISTER_S, "re-registration")
+    print(f"re-registered {took:.2f}s after the kubelet restart (capacity right after restart: {just_after})")
+    assert healthy_ids(reply) == {u for board in chip_uuids() for u in board}
+    assert plugin.socket.is_socket()
+    # The restarted kubelet read its checkpoint: pod a keeps its chips, the rest are still free.
+    after = allocate(harness, "b", 2)
+    assert after["ok"], after
+    assert set(after["device_ids"][RESOURCE]).isdisjoint(before["device_ids"][RESOURCE])
+    assert not allocate(harness, "c", 1)["ok"]
+
+
+# --------------------------------------------------------------------------- health
+
+
+def test_unhealthy_chip_leaves_allocatable_and_recovers(start_plugin: StartPlugin) -> None:
+    interval, recover = 0.5, 3
+    harness, plugin = start_plugin(
+        devices_yaml(), seed_config(splitboard=True, interval_s=interval, recover=recover)
+    )
+    poll(harness, lambda r: counts(r) == (4, 4), REGISTER_S, "all four chips healthy")
+    sick = chip_uuids()[0][1]
+
+    plugin.set_devices(devices_yaml(unhealthy=[sick]))
+    reply, dropped = poll(harness, lambda r: counts(r) != (4, 4), 10, "health flip")
+    print(f"allocatable dropped {dropped:.2f}s after the fake devices file changed")
+    assert counts(reply) == (4, 3), reply
+    assert sick not in healthy_ids(reply)
+    assert dropped <= 1.0 + interval, f"took {dropped:.2f}s, more than 1 s + the {interval} s interval"
+
+    plugin.set_devices(devices_yaml())
+    reply, recovered = poll(harness, lambda r: counts(r) != (4, 3), 10, "recovery")
+    print(f"recovered {recovered:.2f}s after the fake devices file was healthy again")
+    assert counts(reply) == (4, 4), reply
+    # Hysteresis: recoverAfter healthy checks, one interval apart, not the first healthy read.
+    assert (recover - 1) * interval <= recovered <= recover * interval + 1.0, f"{recovered:.2f}s"
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+
+def test_sigterm_leaves_devices_unhealthy_in_the_kubelet(start_plugin: StartPlugin) -> None:
+    harness, plugin = start_plugin(devices_yaml(), seed_config())
+    assert counts(harness.capacity()) == (2, 2)
+    assert plugin.terminate() == 0, plugin.log_tail()
+    reply, took = poll(harness, lambda r: counts(r)[1] == 0, 5, "all devices Unhealthy")
+    print(f"allocatable 0 {took:.2f}s after the plugin exited")
+    assert counts(reply) == (2, 0), reply
+    assert healthy_ids(reply) == set()
+    assert not plugin.socket.exists()
+    assert not allocate(harness, "a", 1)["ok"]
