@@ -240,6 +240,8 @@ def test_build_context_installs_and_the_entrypoint_resolves(tmp_path: Path) -> N
             "--quiet",
             "--no-deps",
             "--no-index",
+            # Without it pip uninstalls the project's own (editable) install from this venv first.
+            "--ignore-installed",
             "--prefix",
             str(prefix),
             str(wheel),
