@@ -450,7 +450,12 @@ def test_without_the_flags_nothing_happens() -> None:
     assert self_certs.start_from_args(args) is None
 
 
-def test_start_from_args_prepares_the_cert_dir_before_the_service(tmp_path: Path) -> None:
+def test_start_from_args_prepares_the_cert_dir_before_the_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webhook import json_logging
+
+    monkeypatch.setattr(json_logging, "configure", lambda level: None)  # keep pytest's log capture
     api = StandIn()
     args = _webhook_parser().parse_args(
         [

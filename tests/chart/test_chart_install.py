@@ -1,0 +1,360 @@
+"""Install the chart onto the real kube-apiserver of the test tier (IX_GPU_K8S=1).
+
+How: the chart is rendered with Helm's SDK and every object is applied with **server-side apply**
+(``PATCH application/apply-patch+yaml``, one field manager, as ``helm`` 4 and GitOps tools do).
+The webhook Service is ``ExternalName: localhost``, and the real ``ix-gpu webhook`` process runs
+here with the chart's own container args, its ConfigMap content and a token of the chart's
+ServiceAccount — so the ``self`` certificate mode creates its Secret and patches the caBundle with
+exactly the chart's RBAC.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.rendering import find, render
+from tests.k8s.k8s_tier import KubeAPI, build_binaries, free_port, start_etcd, start_kube_apiserver, tail
+from tests.support.paths import ROOT
+
+pytestmark = [
+    pytest.mark.k8s,
+    pytest.mark.skipif(
+        os.environ.get("IX_GPU_K8S", "").lower() not in ("1", "true", "yes"),
+        reason="real-Kubernetes tier: set IX_GPU_K8S=1",
+    ),
+]
+
+NS = "ix-gpu-system"
+RELEASE = "ixg"
+WEBHOOK = f"{RELEASE}-ix-gpu-webhook"
+MWC = f"{RELEASE}-ix-gpu"
+SECRET = f"{WEBHOOK}-tls"
+
+_PATHS = {
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts/{name}",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps/{name}",
+    "Service": "/api/v1/namespaces/{ns}/services/{name}",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments/{name}",
+    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets/{name}",
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{name}",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/{name}",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+    ),
+}
+
+
+def _call(
+    api: KubeAPI,
+    method: str,
+    path: str,
+    body: Any = None,
+    content_type: str = "application/json",
+    token: str | None = None,
+) -> tuple[int, Any]:
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    request = urllib.request.Request(
+        api.url + path,
+        data=data,
+        method=method,
+        headers={"Authorization": f"Bearer {token or api.token}", "Content-Type": content_type},
+    )
+    try:
+        with urllib.request.urlopen(request, context=api.ssl_context(), timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, raw.decode(errors="replace")
+
+
+def server_side_apply(api: KubeAPI, objects: list[dict[str, Any]]) -> None:
+    for obj in objects:
+        path = _PATHS[obj["kind"]].format(
+            ns=obj["metadata"].get("namespace", NS), name=obj["metadata"]["name"]
+        )
+        status, body = _call(
+            api,
+            "PATCH",
+            f"{path}?fieldManager=helm&force=true",
+            json.dumps(obj).encode(),
+            "application/apply-patch+yaml",
+        )
+        assert status in (200, 201), f"apply {obj['kind']}/{obj['metadata']['name']}: {status} {body}"
+
+
+@pytest.fixture(scope="module")
+def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeAPI]:
+    logs = tmp_path_factory.mktemp("chart-k8s-logs")
+    binaries = build_binaries()
+    etcd = start_etcd(binaries, logs)
+    try:
+        api = start_kube_apiserver(binaries, etcd, tmp_path_factory.mktemp("chart-apiserver"), logs)
+        try:
+            yield api
+        finally:
+            api.stop()
+    finally:
+        etcd.stop()
+
+
+def _values(port: int, **extra: Any) -> dict[str, Any]:
+    webhook = {
+        "serviceType": "ExternalName",
+        "serviceExternalName": "localhost",
+        "servicePort": port,
+        "port": port,
+    }
+    return {"webhook": {**webhook, **extra.pop("webhook", {})}, **extra}
+
+
+def _sa_token(api: KubeAPI, name: str) -> str:
+    status, body = _call(
+        api,
+        "POST",
+        f"/api/v1/namespaces/{NS}/serviceaccounts/{name}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600},
+        },
+    )
+    assert status == 201, body
+    return str(body["status"]["token"])
+
+
+def _kubeconfig(api: KubeAPI, token: str, path: Path) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": api.url, "certificate-authority": str(api.ca_path)}}
+                ],
+                "users": [{"name": "webhook", "user": {"token": token}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "webhook"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path
+
+
+_RUNNER = """
+import argparse, sys
+from webhook.service_cli import register_service
+from webhook import self_certs
+parser = argparse.ArgumentParser()
+sub = parser.add_subparsers(dest="command")
+register_service(sub)
+self_certs.add_arguments(sub.choices["webhook"])
+args = parser.parse_args(sys.argv[1:])
+self_certs.start_from_args(args)
+sys.exit(args.handler(args))
+"""
+
+
+def _wait(what: str, check: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        if proc.poll() is not None:
+            pytest.fail(f"webhook exited ({proc.returncode}) waiting for {what}:\n{tail(log, 30)}")
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}:\n{tail(log, 30)}")
+
+
+def _pod(name: str, limits: dict[str, str] | None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "busybox"}
+    if limits:
+        container["resources"] = {"limits": limits}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [container]},
+    }
+
+
+def _create_pod(api: KubeAPI, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
+    status, body = _call(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    assert status == 201, body
+    return dict(body)
+
+
+def _namespace(api: KubeAPI, labels: dict[str, str] | None = None) -> str:
+    name = f"t-{secrets.token_hex(3)}"
+    status, body = _call(
+        api,
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}},
+    )
+    assert status == 201, body
+    return name
+
+
+def _ca_bundles(api: KubeAPI) -> set[str]:
+    status, body = _call(api, "GET", _PATHS["MutatingWebhookConfiguration"].format(name=MWC))
+    assert status == 200, body
+    return {w["clientConfig"].get("caBundle", "") for w in body["webhooks"]}
+
+
+def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
+    kube_api: KubeAPI, tmp_path: Path
+) -> None:
+    api = kube_api
+    assert (
+        _call(
+            api,
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
+        )[0]
+        == 201
+    )
+    port = free_port()
+    objects = render(_values(port), release=RELEASE, namespace=NS)
+    server_side_apply(api, objects)
+    for kind, name in (("DaemonSet", f"{RELEASE}-ix-gpu-plugin"), ("ConfigMap", "ix-config")):
+        assert _call(api, "GET", _PATHS[kind].format(ns=NS, name=name))[0] == 200
+
+    # The webhook process: the chart's args, its ConfigMap, its ServiceAccount's token.
+    deployment = find(objects, "Deployment", WEBHOOK)
+    chart_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    config = tmp_path / "config.yaml"
+    config.write_text(find(objects, "ConfigMap", WEBHOOK)["data"]["config.yaml"])
+    kubeconfig = _kubeconfig(api, _sa_token(api, WEBHOOK), tmp_path / "kubeconfig")
+    local = {
+        "--config": str(config),
+        "--cert-dir": str(tmp_path / "certs"),
+        "--host": "127.0.0.1",
+        "--port": str(port),
+    }
+    argv = [
+        a if a.split("=", 1)[0] not in local else f"{a.split('=', 1)[0]}={local[a.split('=', 1)[0]]}"
+        for a in chart_args
+    ] + [f"--kubeconfig={kubeconfig}"]
+    log = tmp_path / "webhook.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", _RUNNER, *argv], cwd=ROOT, stdout=out, stderr=out)
+    try:
+        secret = _wait(
+            "the Secret",
+            lambda: (lambda r: r[1] if r[0] == 200 else None)(
+                _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
+            ),
+            proc,
+            log,
+        )
+        ca_bundle = base64.b64decode(secret["data"]["ca-bundle.crt"])
+        _wait("the caBundle", lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()}, proc, log)
+        context = ssl.create_default_context(cadata=ca_bundle.decode())
+        context.check_hostname = False
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{port}/readyz", context=context, timeout=2
+                ) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        _wait("/readyz", ready, proc, log)
+
+        ns = _namespace(api)
+        gpu = _create_pod(api, ns, _pod("gpu", {"iluvatar.com/gpu": "1"}))
+        assert gpu["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("iluvatar@")
+        assert "/usr/local/corex" in {v.get("hostPath", {}).get("path") for v in gpu["spec"]["volumes"]}
+        plain = _create_pod(api, ns, _pod("plain", {"cpu": "1"}))
+        assert "ix-gpu.io/injected" not in (plain["metadata"].get("annotations") or {})
+        opted_out = _namespace(api, {"ix-gpu.io/inject": "disabled"})
+        skipped = _create_pod(api, opted_out, _pod("gpu", {"iluvatar.com/gpu": "1"}))
+        assert "ix-gpu.io/injected" not in (skipped["metadata"].get("annotations") or {})
+
+        # RBAC audit: what the webhook's own token may do, as the apiserver computes it.
+        token = _sa_token(api, WEBHOOK)
+        status, review = _call(
+            api,
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectRulesReview",
+                "spec": {"namespace": NS},
+            },
+            token=token,
+        )
+        assert status == 201, review
+        granted = set()
+        for rule in review["status"]["resourceRules"]:
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    for verb in rule["verbs"]:
+                        granted.add((group, resource, verb, tuple(rule.get("resourceNames", []))))
+        expected = {
+            ("", "namespaces", "get", ()),
+            ("", "namespaces", "list", ()),
+            ("", "namespaces", "watch", ()),
+            ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get", (MWC,)),
+            ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", (MWC,)),
+            ("", "secrets", "get", (SECRET,)),
+            ("", "secrets", "update", (SECRET,)),
+            ("", "secrets", "create", ()),
+        }
+        # Discovery and self-review rules every authenticated user has (system:basic-user etc.).
+        baseline = {
+            g
+            for g in granted
+            if g[1] in ("selfsubjectaccessreviews", "selfsubjectrulesreviews", "selfsubjectreviews")
+        }
+        assert granted - baseline == expected
+
+        # Upgrade with changed values: the same CA stays in the caBundle and in the Secret.
+        upgraded = render(
+            _values(
+                port,
+                webhook={"timeoutSeconds": 7},
+                plugin={"config": {"sharing": {"timeSlicing": {"replicas": 4}}}},
+            ),
+            release=RELEASE,
+            namespace=NS,
+        )
+        server_side_apply(api, upgraded)
+        assert _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()}
+        status, after = _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
+        assert after["data"]["ca.crt"] == secret["data"]["ca.crt"]
+        status, mwc = _call(api, "GET", _PATHS["MutatingWebhookConfiguration"].format(name=MWC))
+        assert {w["timeoutSeconds"] for w in mwc["webhooks"]} == {7}
+        again = _create_pod(api, _namespace(api), _pod("gpu", {"nvidia.com/gpu": "1"}))
+        assert again["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("nvidia@")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
