@@ -648,7 +648,8 @@ def test_namespace_cache_survives_an_apiserver_restart(
         errors = server.metric("ix_gpu_namespace_cache_watch_errors_total")
         size = server.metric("ix_gpu_namespace_cache_size")
 
-        private.process.stop()
+        # Killed, like a crash: nothing the changes below do can reach the webhook before the restart.
+        private.process.stop(grace_s=0)
         # Changes while the webhook's apiserver is down: an opt-out on an old namespace, a new one.
         must(api(kube_api, "PATCH", f"/api/v1/namespaces/{before}",
                  {"metadata": {"annotations": {INJECT: "disabled"}}},
