@@ -18,7 +18,7 @@ if [[ ! -x .venv/bin/python ]]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 
 step "ruff"
 .venv/bin/ruff check .

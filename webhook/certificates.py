@@ -47,10 +47,20 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def generate_ca(common_name: str = "ix-gpu-webhook-ca", days: int = 3650) -> tuple[bytes, bytes]:
-    """A self-signed CA certificate and key (PEM)."""
+def generate_ca(
+    common_name: str = "ix-gpu-webhook-ca",
+    days: int = 3650,
+    *,
+    valid_for: dt.timedelta | None = None,
+    now: dt.datetime | None = None,
+) -> tuple[bytes, bytes]:
+    """A self-signed CA certificate and key (PEM).
+
+    ``now``/``valid_for`` let a long-running renewer (self cert mode) issue on its own clock, so
+    renewal decisions and validity are measured the same way.
+    """
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
+    now = now or dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -58,7 +68,7 @@ def generate_ca(common_name: str = "ix-gpu-webhook-ca", days: int = 3650) -> tup
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_after(now + (valid_for or dt.timedelta(days=days)))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -86,8 +96,11 @@ def issue_serving_cert(
     dns_names: list[str],
     ip_addresses: list[str],
     days: int = 365,
+    *,
+    valid_for: dt.timedelta | None = None,
+    now: dt.datetime | None = None,
 ) -> tuple[bytes, bytes]:
-    """A serving certificate and key signed by the given CA (PEM)."""
+    """A serving certificate and key signed by the given CA (PEM), never outliving the CA."""
     if not dns_names and not ip_addresses:
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
@@ -95,7 +108,8 @@ def issue_serving_cert(
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA key must be an ECDSA key")
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
+    now = now or dt.datetime.now(dt.UTC)
+    not_after = min(now + (valid_for or dt.timedelta(days=days)), ca_cert.not_valid_after_utc)
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     cert = (
@@ -105,7 +119,7 @@ def issue_serving_cert(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(

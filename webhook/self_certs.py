@@ -310,58 +310,11 @@ class SelfCertManager:
         return stop
 
 
-def _pem_key(key: Any) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
-    return bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-
-
 def new_ca(now: dt.datetime, validity: dt.timedelta) -> tuple[bytes, bytes]:
-    """A self-signed ECDSA P-256 CA valid from ``now`` (PEM cert, PEM key).
+    """A self-signed CA valid from ``now`` on the manager's clock (PEM cert, PEM key)."""
+    from webhook.certificates import generate_ca
 
-    Like :func:`webhook.certificates.generate_ca`, but on the manager's clock: renewal decisions
-    and validity must be measured on the same clock.
-    """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"ix-gpu-webhook-ca-{now:%Y%m%d%H%M%S}")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + validity)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    from cryptography.hazmat.primitives import serialization
-
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+    return generate_ca(f"ix-gpu-webhook-ca-{now:%Y%m%d%H%M%S}", valid_for=validity, now=now)
 
 
 def issue_from_ca(
@@ -372,47 +325,12 @@ def issue_from_ca(
     validity: dt.timedelta,
 ) -> tuple[bytes, bytes]:
     """A serving certificate (serverAuth, DNS SANs) signed by the CA, valid from ``now``."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from webhook.certificates import issue_serving_cert
 
-    ca = x509.load_pem_x509_certificate(ca_cert_pem)
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise SelfCertError("the CA key in the Secret is not an ECDSA key")
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(min(now + validity, ca.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+    try:
+        return issue_serving_cert(ca_cert_pem, ca_key_pem, list(dns_names), [], valid_for=validity, now=now)
+    except ValueError as exc:
+        raise SelfCertError(f"cannot issue from the CA in the Secret: {exc}") from None
 
 
 def write_pair(cert_dir: Path, cert: bytes, key: bytes) -> None:

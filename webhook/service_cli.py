@@ -82,11 +82,17 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         choices=("debug", "info", "warning", "error"),
         help="JSON log level on stderr (default: info; info logs one line per admission)",
     )
+    from webhook.self_certs import add_arguments as add_self_cert_arguments
+
+    add_self_cert_arguments(webhook)
     webhook.set_defaults(handler=_run_webhook)
 
 
 def _run_webhook(args: argparse.Namespace) -> int:
+    from webhook.self_certs import start_from_args
     from webhook.server import ServiceOptions, StartupError, run_service
+
+    start_from_args(args)
 
     options = ServiceOptions(
         config_path=args.config,

@@ -391,8 +391,7 @@ def _webhook_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    register_service(sub)
-    self_certs.add_arguments(sub.choices["webhook"])
+    register_service(sub)  # includes the self-cert flags
     return parser
 
 
