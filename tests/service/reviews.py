@@ -29,26 +29,33 @@ def review(
     uid: str | None = None,
     old: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    kind = (obj or old or {}).get("kind", "Pod")
-    name = ((obj or old or {}).get("metadata") or {}).get("name", "")
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid or str(uuid.uuid4()),
-            "kind": GROUP_VERSION_KIND.get(kind, {"group": "example.com", "version": "v1", "kind": kind}),
-            "resource": RESOURCE.get(kind, {"group": "example.com", "version": "v1", "resource": "things"}),
-            "requestKind": GROUP_VERSION_KIND.get(kind),
-            "name": name,
-            "namespace": namespace,
-            "operation": operation,
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": obj,
-            "oldObject": old,
-            "dryRun": dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    source = obj or old or {}
+    kind = source.get("kind") if isinstance(source.get("kind"), str) else "Pod"
+    metadata = source.get("metadata") if isinstance(source.get("metadata"), dict) else {}
+    name = metadata.get("name") if isinstance(metadata.get("name"), str) else ""
+    # Deep-copied: callers (the fuzz test) damage reviews in place; the tables must stay intact.
+    return copy.deepcopy(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid or str(uuid.uuid4()),
+                "kind": GROUP_VERSION_KIND.get(kind, {"group": "example.com", "version": "v1", "kind": kind}),
+                "resource": RESOURCE.get(
+                    kind, {"group": "example.com", "version": "v1", "resource": "things"}
+                ),
+                "requestKind": GROUP_VERSION_KIND.get(kind),
+                "name": name,
+                "namespace": namespace,
+                "operation": operation,
+                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+                "object": obj,
+                "oldObject": old,
+                "dryRun": dry_run,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            },
+        }
+    )
 
 
 def container(

@@ -28,6 +28,7 @@ def generate_certs(out: Path) -> Path:
         [sys.executable, "-m", "ix_gpu", "certs", "generate", "--out", str(out)],
         check=True,
         cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
     )
     return out
@@ -64,6 +65,8 @@ class WebhookProcess:
 
     def start(self, timeout: float = 60.0) -> WebhookProcess:
         env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+        # The checkout under test, whether or not it is installed in the venv.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.args, cwd=self.workdir, stdout=log, stderr=log, env=env)
         deadline = time.monotonic() + timeout
