@@ -161,20 +161,6 @@ def _kubeconfig(api: KubeAPI, token: str, path: Path) -> Path:
     return path
 
 
-_RUNNER = """
-import argparse, sys
-from webhook.service_cli import register_service
-from webhook import self_certs
-parser = argparse.ArgumentParser()
-sub = parser.add_subparsers(dest="command")
-register_service(sub)
-self_certs.add_arguments(sub.choices["webhook"])
-args = parser.parse_args(sys.argv[1:])
-self_certs.start_from_args(args)
-sys.exit(args.handler(args))
-"""
-
-
 def _wait(what: str, check: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -260,7 +246,8 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
     ] + [f"--kubeconfig={kubeconfig}"]
     log = tmp_path / "webhook.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", _RUNNER, *argv], cwd=ROOT, stdout=out, stderr=out)
+        # The chart's args start with the subcommand (the image's ENTRYPOINT is ``ix-gpu``).
+        proc = subprocess.Popen([sys.executable, "-m", "ix_gpu", *argv], cwd=ROOT, stdout=out, stderr=out)
     try:
         secret = _wait(
             "the Secret",
