@@ -26,6 +26,7 @@ from webhook.admission_review import (
 from webhook.compiled_config import CompiledConfig
 from webhook.decision import Decision, MutationResult, NamespaceFacts, denied
 from webhook.hot_reload import LiveConfig
+from webhook.json_logging import info_line
 from webhook.metrics import OTHER, UNKNOWN, ServiceMetrics
 from webhook.mutation import mutate
 from webhook.namespace_cache import NamespaceLookupFailed, NamespaceSource
@@ -63,7 +64,7 @@ class AdmissionHandler:
         """Count and log a request that never became a review (bad envelope, size, type, timeout)."""
         self._metrics.count_request(UNKNOWN, UNKNOWN, "error")
         self._metrics.duration.observe(time.perf_counter() - started)
-        log.info("admission rejected", extra={"fields": {"status": status, "error": message}})
+        info_line(log, "admission rejected", {"status": status, "error": message})
         return status, error_body(message)
 
     async def _decide(self, review: ReviewRequest, config: CompiledConfig) -> MutationResult:
@@ -114,20 +115,19 @@ class AdmissionHandler:
         self._metrics.count_request(kind, review.operation, result.decision.value)
         elapsed = time.perf_counter() - started
         self._metrics.duration.observe(elapsed)
-        log.info(
+        info_line(
+            log,
             "admission",
-            extra={
-                "fields": {
-                    "uid": review.uid,
-                    "kind": review.kind,
-                    "namespace": review.namespace,
-                    "name": review.name,
-                    "operation": review.operation,
-                    "dryRun": review.dry_run,
-                    "result": result.decision.value,
-                    "ops": len(result.ops),
-                    "reason": result.reason,
-                    "durationMs": round(elapsed * 1000, 3),
-                }
+            {
+                "uid": review.uid,
+                "kind": review.kind,
+                "namespace": review.namespace,
+                "name": review.name,
+                "operation": review.operation,
+                "dryRun": review.dry_run,
+                "result": result.decision.value,
+                "ops": len(result.ops),
+                "reason": result.reason,
+                "durationMs": round(elapsed * 1000, 3),
             },
         )

@@ -2,7 +2,12 @@
 
 Log collectors in a cluster parse JSON lines without per-format rules, and a per-admission line
 with fixed keys (uid, kind, namespace, name, result, ops, durationMs) can be queried directly.
-Fields ride on ``extra={"fields": {...}}`` so call sites stay plain ``logging`` calls.
+Fields ride on ``extra={"fields": {...}}`` so ordinary call sites stay plain ``logging`` calls.
+
+The per-admission line has its own writer, :func:`info_line`: going through ``logging`` (record
+object, formatter, handler) cost about 30 µs per line on the benchmark machine, 8% of an
+admission. It writes the same JSON shape to the same stream, under the handler's lock, and obeys
+the logger's level.
 """
 
 from __future__ import annotations
@@ -15,6 +20,18 @@ from typing import Any
 import orjson
 
 FIELDS = "fields"
+
+_handler: logging.StreamHandler[Any] | None = None
+_second = -1
+_second_text = ""
+
+
+def _timestamp(created: float) -> str:
+    global _second, _second_text
+    whole = int(created)
+    if whole != _second:
+        _second, _second_text = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{_second_text}.{int(created % 1 * 1000):03d}Z"
 
 
 class JsonFormatter(logging.Formatter):
@@ -33,14 +50,43 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def _timestamp(created: float) -> str:
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created))
-    return f"{seconds}.{int(created % 1 * 1000):03d}Z"
+def info_line(logger: logging.Logger, msg: str, fields: dict[str, Any]) -> None:
+    """``logger.info(msg, extra={"fields": fields})``, without the logging machinery."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _handler
+    if handler is None:
+        logger.info(msg, extra={FIELDS: fields})
+        return
+    entry = {"ts": _timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields}
+    line = orjson.dumps(entry, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    stream = handler.stream
+    with handler.lock or _NO_LOCK:
+        buffer = getattr(stream, "buffer", None)
+        if buffer is not None:
+            stream.flush()  # keep order with anything written through the text layer
+            buffer.write(line)
+            buffer.flush()
+        else:
+            stream.write(line.decode())
+            stream.flush()
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
 
 
 def configure(level: str = "info") -> None:
     """Route every logger (ours, uvicorn's, the kubernetes client's) through one JSON handler."""
-    handler = logging.StreamHandler(sys.stderr)
+    global _handler
+    handler: logging.StreamHandler[Any] = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     for existing in list(root.handlers):
@@ -53,3 +99,4 @@ def configure(level: str = "info") -> None:
         logger.propagate = True
     # urllib3 warns on every retry of the watch connection; our own log line says it once.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    _handler = handler
