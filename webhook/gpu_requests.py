@@ -81,7 +81,11 @@ def gpu_containers(spec: dict[str, Any], config: CompiledConfig, where: str) -> 
                 if resource not in limits and type(resource) is str and profiles_for(resource):
                     _gpus_requested(limits, requests, resource, name, where)  # raises: no limit
             if profiles:
-                ordered = tuple(profiles[i] for i in sorted(profiles))
+                ordered = (
+                    tuple(profiles.values())
+                    if len(profiles) == 1
+                    else tuple(profiles[i] for i in sorted(profiles))
+                )
                 found.append(GpuContainer(list_name, index, name, container, ordered))
     return found
 

@@ -28,8 +28,9 @@ def _string_map(container: Any, key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _opted_out(*maps: dict[str, Any] | Any) -> bool:
-    return any(isinstance(m, dict) and m.get(labels.INJECT) == labels.INJECT_DISABLED for m in maps)
+def _opted_out(keys: Any) -> bool:
+    """``ix-gpu.io/inject: disabled`` in an object's annotation or label map (a JSON dict)."""
+    return keys.__class__ is dict and keys.get(labels.INJECT) == labels.INJECT_DISABLED
 
 
 def _psa_level(namespace: NamespaceFacts) -> str | None:
@@ -78,13 +79,16 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
         return skipped(f"{kind} ({api_version}) is not a configured workload")
     if config.namespace_excluded(namespace.name):
         return skipped(f'namespace "{namespace.name}" is excluded by policy.excludedNamespaces')
-    if namespace.known and _opted_out(namespace.annotations, namespace.labels):
+    if namespace.known and labels.INJECT_DISABLED in (
+        namespace.annotations.get(labels.INJECT),
+        namespace.labels.get(labels.INJECT),
+    ):
         return skipped(f'namespace "{namespace.name}" opted out ({labels.INJECT}={labels.INJECT_DISABLED})')
     metadata = _string_map(obj, "metadata")
     annotations = _string_map(metadata, "annotations")
     if labels.MIRROR_POD in annotations:
         return skipped("mirror pods are managed by the kubelet")
-    if _opted_out(annotations, _string_map(metadata, "labels")):
+    if _opted_out(annotations) or _opted_out(metadata.get("labels")):
         return skipped(f"object opted out ({labels.INJECT}={labels.INJECT_DISABLED})")
 
     plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []

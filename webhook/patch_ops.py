@@ -39,7 +39,9 @@ def add_to_list(ops: list[Op], list_path: str, existing: Any, items: list[Any]) 
     if not items:
         return
     if isinstance(existing, list):
-        ops.extend(add(f"{list_path}/-", item) for item in items)
+        append_path = f"{list_path}/-"
+        for item in items:
+            ops.append({"op": "add", "path": append_path, "value": item})
     else:
         ops.append(add(list_path, list(items)))
 

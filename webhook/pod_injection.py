@@ -13,8 +13,6 @@ overwritten; the core turns them into warnings or a denial according to ``policy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from operator import methodcaller
 from typing import Any
 
 from devicemodel import labels
@@ -30,19 +28,33 @@ class InjectionDenied(Exception):
     """A profile requirement that cannot be met here (e.g. ``privileged: required`` under PSA)."""
 
 
-@dataclass
 class InjectionRun:
-    """Accumulates the outcome of mutating one object, across its templates."""
+    """Accumulates the outcome of mutating one object, across its templates.
 
-    digest: str
-    host_path_block: str | None
-    """Why hostPath volumes must not be injected (Pod Security would reject them), or None."""
-    privileged_block: str | None
-    """Why ``privileged: true`` may not be set in this namespace, or None."""
-    ops: list[Op] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    conflicts: list[str] = field(default_factory=list)
-    profiles_used: dict[str, None] = field(default_factory=dict)
+    A plain slotted class: a dataclass with four default factories costs more to create than
+    some of the merges it records.
+    """
+
+    __slots__ = (
+        "conflicts",
+        "digest",
+        "host_path_block",
+        "ops",
+        "privileged_block",
+        "profiles_used",
+        "warnings",
+    )
+
+    def __init__(self, digest: str, host_path_block: str | None, privileged_block: str | None) -> None:
+        self.digest = digest
+        self.host_path_block = host_path_block
+        """Why hostPath volumes must not be injected (Pod Security would reject them), or None."""
+        self.privileged_block = privileged_block
+        """Why ``privileged: true`` may not be set in this namespace, or None."""
+        self.ops: list[Op] = []
+        self.warnings: list[str] = []
+        self.conflicts: list[str] = []
+        self.profiles_used: dict[str, None] = {}
 
     def warn_once(self, message: str) -> None:
         if message not in self.warnings:
@@ -64,6 +76,29 @@ def _normalized(value: Any) -> Any:
 def same(existing: Any, ours: Any) -> bool:
     """Semantic equality: empty/false/absent fields are the same (apiserver defaulting)."""
     return bool(existing == ours or _normalized(existing) == _normalized(ours))
+
+
+def _last_index(entries: Any, key: str, value: str) -> int:
+    """Index of the last dict in ``entries`` whose ``key`` equals ``value``, or -1.
+
+    Lists are keyed the way the Pod schema keys them (env and volumes by name, mounts by
+    mountPath); for duplicate env names the runtime takes the last. A reverse scan per injected
+    entry beats building an index: a profile adds one or two entries while a container may hold
+    dozens, and this runs for every GPU container of every admitted pod.
+    """
+    if entries.__class__ is not list:
+        return -1
+    i = len(entries)
+    for entry in reversed(entries):
+        i -= 1
+        if entry.__class__ is dict and entry.get(key) == value:
+            return i
+    return -1
+
+
+def _last_by(entries: Any, key: str, value: str) -> Any:
+    at = _last_index(entries, key, value)
+    return entries[at] if at >= 0 else None
 
 
 def _prefix(where: str) -> str:
@@ -105,11 +140,6 @@ def _merge_volumes(
 ) -> set[str]:
     """Add pod volumes; returns the names of our volumes that containers may mount."""
     existing = spec.get("volumes")
-    by_name = (
-        {v["name"]: v for v in existing or () if isinstance(v, dict) and isinstance(v.get("name"), str)}
-        if isinstance(existing, list)
-        else {}
-    )
     mountable: set[str] = set()
     offered: dict[str, dict[str, Any]] = {}
     new: list[dict[str, Any]] = []
@@ -126,7 +156,7 @@ def _merge_volumes(
                     )
                 continue
             offered[volume.name] = volume.volume
-            current = by_name.get(volume.name)
+            current = _last_by(existing, "name", volume.name)
             if current is None:
                 new.append(volume.volume)
                 mountable.add(volume.name)
@@ -149,21 +179,15 @@ def _merge_container(
     label = f"{where}{container.list_name}[name={container.name}]"
 
     mounts = body.get("volumeMounts")
-    by_path = (
-        {m["mountPath"]: m for m in mounts if isinstance(m, dict) and isinstance(m.get("mountPath"), str)}
-        if isinstance(mounts, list)
-        else {}
-    )
     new_mounts: list[dict[str, Any]] = []
     for profile in container.profiles:
         for volume in profile.volumes:
             if volume.name not in mountable:
                 continue
             path = volume.mount["mountPath"]
-            current = by_path.get(path)
+            current = _last_by(mounts, "mountPath", path) or _last_by(new_mounts, "mountPath", path)
             if current is None:
                 new_mounts.append(volume.mount)
-                by_path[path] = volume.mount
             elif not same(current, volume.mount):
                 run.conflicts.append(
                     f"{label}.volumeMounts[mountPath={path}]: already mounts "
@@ -198,25 +222,6 @@ def _merged_value(current: str, var: InjectedEnv) -> str:
     return _path_merge(current, var.value, var.mode)
 
 
-_GET_NAME = methodcaller("get", "name")
-
-
-def _last_index(entries: list[Any], name: str) -> int:
-    """Index of the last env entry called ``name`` (the runtime takes the last duplicate), or -1.
-
-    A reverse scan per profile variable beats building a name index: a profile sets one or two
-    variables while a container may define dozens, and this runs on every GPU container.
-    """
-    try:
-        names = list(map(_GET_NAME, entries))  # C-level loop; non-dict entries raise
-    except (AttributeError, TypeError):
-        names = [e.get("name") if isinstance(e, dict) else None for e in entries]
-    try:
-        return len(names) - 1 - names[::-1].index(name)
-    except ValueError:
-        return -1
-
-
 def _merge_env(
     body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
 ) -> None:
@@ -231,7 +236,7 @@ def _merge_env(
                 item = appended[appended_at[var.name]]
                 item["value"] = _merged_value(item["value"], var)
                 continue
-            i = _last_index(entries, var.name)
+            i = _last_index(entries, "name", var.name)
             if i < 0:
                 appended_at[var.name] = len(appended)
                 appended.append({"name": var.name, "value": var.value})
@@ -378,13 +383,17 @@ def _merge_runtime_class(
             )
 
 
+_INJECTED_TOKEN = token(labels.INJECTED)
+
+
 def _set_injected_annotation(template: PodTemplate, value: str, run: InjectionRun) -> None:
     meta_ptr = f"{template.pointer}/metadata"
     metadata = template.body.get("metadata")
-    if not isinstance(metadata, dict):
+    if metadata.__class__ is not dict:
         run.ops.append(patch_ops.add(meta_ptr, {"annotations": {labels.INJECTED: value}}))
         return
     annotations = metadata.get("annotations")
-    if isinstance(annotations, dict) and annotations.get(labels.INJECTED) == value:
-        return
-    patch_ops.set_in_map(run.ops, f"{meta_ptr}/annotations", annotations, labels.INJECTED, value)
+    if annotations.__class__ is not dict:
+        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations", {labels.INJECTED: value}))
+    elif annotations.get(labels.INJECTED) != value:
+        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations/{_INJECTED_TOKEN}", value))
