@@ -347,15 +347,23 @@ class NamespaceCache:
     # ---------------------------------------------------------------- list + watch (thread)
 
     def _run(self) -> None:
+        # As client-go's reflector does: list once, then keep watching from the last
+        # resourceVersion. A transient error (a dropped keep-alive connection, an apiserver
+        # restart) resumes the watch after a backoff; only 410 Gone — the history we would resume
+        # from is compacted — or having no version yet costs a full re-list.
         delay = self._backoff[0]
+        need_list = True
         while not self._stopping.is_set():
             try:
-                self._relist()
-                delay = self._backoff[0]
+                if need_list:
+                    self._relist()
+                    need_list = False
                 while not self._stopping.is_set():
                     self._watch_once()
+                    delay = self._backoff[0]
             except ApiGone:
                 log.info("namespace watch expired (410 Gone); re-listing")
+                need_list = True
             except Exception as exc:
                 if self._stopping.is_set():
                     break
@@ -369,6 +377,7 @@ class NamespaceCache:
                 )
                 self._stopping.wait(wait)
                 delay = min(delay * 2, self._backoff[1])
+                need_list = need_list or not self._resource_version
 
     def _relist(self) -> None:
         items, version = self._api.list()
