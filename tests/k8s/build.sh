@@ -2,8 +2,10 @@
 # Build the real-Kubernetes test tier's Go binaries from the Go module proxy:
 #   kube-apiserver   k8s.io/kubernetes/cmd/kube-apiserver at $IX_K8S_VERSION
 #   kubelet-harness  tests/k8s/kubelet-harness (the kubelet's real device manager behind a JSON-lines CLI)
+#   kubelet          k8s.io/kubernetes/cmd/kubelet at $IX_K8S_VERSION
+#   fake-cri         tests/k8s/fake-cri (k8s.io/cri-client/pkg/fake on a unix socket, for the kubelet)
 #
-# Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/k8s-<version>-<harnesshash>/bin/. When both binaries are
+# Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/k8s-<version>-<harnesshash>/bin/. When all binaries are
 # already there, nothing is built. The cache key covers this script and the harness sources, so editing
 # either gives a fresh directory (Go's own build cache keeps such rebuilds short).
 #
@@ -23,6 +25,7 @@ NICE="${IX_K8S_NICE:-nice -n 10}"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 HARNESS_SRC="$HERE/kubelet-harness"
+FAKE_CRI_SRC="$HERE/fake-cri"
 
 log() { printf '[k8s-build %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -32,15 +35,15 @@ K8S_MINOR="${BASH_REMATCH[1]}"
 STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
 [[ -x "$GO" ]] || die "no Go toolchain at '$GO' (set GO=/path/to/go)"
 
-# Cache key: this script plus every harness source file (names and contents).
+# Cache key: this script plus every harness and fake-cri source file (names and contents).
 HARNESS_HASH="$(
     cd "$HERE"
-    { echo build.sh; find kubelet-harness -type f ! -name go.sum ! -name go.mod | LC_ALL=C sort; } |
+    { echo build.sh; find kubelet-harness fake-cri -type f ! -name go.sum ! -name go.mod | LC_ALL=C sort; } |
         while read -r f; do printf '%s\n' "$f"; sha256sum <"$f"; done | sha256sum | cut -c1-12
 )"
 OUT="$CACHE_ROOT/k8s-$K8S_VERSION-$HARNESS_HASH"
 BIN="$OUT/bin"
-BINARIES=(kube-apiserver kubelet-harness)
+BINARIES=(kube-apiserver kubelet-harness kubelet fake-cri)
 
 complete() {
     local b
@@ -75,6 +78,8 @@ rm -rf "$OUT"
 mkdir -p "$OUT/src" "$BIN"
 cp -r "$HARNESS_SRC" "$OUT/src/kubelet-harness"
 rm -f "$OUT/src/kubelet-harness/go.mod" "$OUT/src/kubelet-harness/go.sum"
+cp -r "$FAKE_CRI_SRC" "$OUT/src/fake-cri"
+rm -f "$OUT/src/fake-cri/go.mod" "$OUT/src/fake-cri/go.sum"
 cd "$OUT/src"
 
 log "reading the upstream go.mod of k8s.io/kubernetes@$K8S_VERSION from the module proxy"
@@ -106,7 +111,9 @@ log "go get k8s.io/kubernetes@$K8S_VERSION (downloads modules on a cold cache)"
 T=$SECONDS
 $NICE "$GO" get "k8s.io/kubernetes@$K8S_VERSION" \
     "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-    "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@$K8S_VERSION" >&2 ||
+    "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@$K8S_VERSION" \
+    "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
+    "k8s.io/cri-client/pkg/fake@$STAGING_VERSION" >&2 ||
     die "go get failed (see the Go error above)"
 log "go get done in $((SECONDS - T))s"
 
@@ -127,8 +134,11 @@ build() { # build <output name> <package>
 }
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
 build kubelet-harness ./kubelet-harness
+build kubelet k8s.io/kubernetes/cmd/kubelet
+build fake-cri ./fake-cri
 
 "$BIN/kube-apiserver" --version >&2 || die "the built kube-apiserver does not run"
+"$BIN/kubelet" --version >&2 || die "the built kubelet does not run"
 printf '%s\n' "$K8S_VERSION" >"$OUT/VERSION"
 touch "$OUT/.complete"
 # Keep the three newest builds (other checkouts may use older harness versions); drop the rest.
