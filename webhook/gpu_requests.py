@@ -73,6 +73,8 @@ def gpu_containers(spec: dict[str, Any], config: CompiledConfig, where: str) -> 
             name = str(container.get("name") or f"#{index}")
             profiles: dict[int, CompiledProfile] = {}
             for resource in limits:
+                if exact is not None and resource not in exact:
+                    continue
                 matched = profiles_for(resource) if type(resource) is str else ()
                 if matched and _gpus_requested(limits, requests, resource, name, where) > 0:
                     for profile in matched:

@@ -89,10 +89,17 @@ def _last_index(entries: Any, key: str, value: str) -> int:
     if entries.__class__ is not list:
         return -1
     i = len(entries)
-    for entry in reversed(entries):
-        i -= 1
-        if entry.__class__ is dict and entry.get(key) == value:
-            return i
+    try:
+        for entry in reversed(entries):
+            i -= 1
+            if entry.get(key) == value:
+                return i
+    except AttributeError:  # a non-dict entry (invalid, but never our crash): scan carefully
+        i = len(entries)
+        for entry in reversed(entries):
+            i -= 1
+            if isinstance(entry, dict) and entry.get(key) == value:
+                return i
     return -1
 
 
@@ -185,7 +192,9 @@ def _merge_container(
             if volume.name not in mountable:
                 continue
             path = volume.mount["mountPath"]
-            current = _last_by(mounts, "mountPath", path) or _last_by(new_mounts, "mountPath", path)
+            current = _last_by(mounts, "mountPath", path)
+            if current is None and new_mounts:
+                current = _last_by(new_mounts, "mountPath", path)
             if current is None:
                 new_mounts.append(volume.mount)
             elif not same(current, volume.mount):
