@@ -168,6 +168,9 @@ class FakeApiServer:
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Transfer-Encoding", "chunked")
+        # The handler closes the connection after a watch; say so, or the client pools it and
+        # its next request fails with "Remote end closed connection without response".
+        handler.send_header("Connection", "close")
         handler.end_headers()
         deadline = time.monotonic() + timeout
         sent = since
