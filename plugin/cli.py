@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ix_gpu.cli import UsageError
+from ix_gpu.cli import UsageError, port_number
 from plugin.backends import BACKENDS  # light: no backend module is imported here
 
 if TYPE_CHECKING:
@@ -21,16 +21,6 @@ if TYPE_CHECKING:
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # = devicemodel.plugin_config.DEFAULT_PATH, without pydantic
 DEFAULT_METRICS_PORT = 9401
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {port}")
-    return port
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     plugin.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port_number,
         default=DEFAULT_METRICS_PORT,
         metavar="N",
         help=f"port for /healthz and /metrics (default {DEFAULT_METRICS_PORT}; 0 disables)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ix_gpu.cli import UsageError
+from ix_gpu.cli import UsageError, port_number
 
 
 def _seconds(text: str) -> float:
@@ -19,16 +19,6 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
     return value
 
 
@@ -55,7 +45,7 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default: 127.0.0.1)"
     )
     webhook.add_argument(
-        "--port", default=8443, type=_port, metavar="N", help="port (default: 8443; 0 picks a free one)"
+        "--port", default=8443, type=port_number, metavar="N", help="port (default: 8443; 0 picks a free one)"
     )
     webhook.add_argument(
         "--kubeconfig",

@@ -124,7 +124,7 @@ def test_healthz_reports_library_failure(short_tmp: Path, fake_devices: Path) ->
     ("args", "message"),
     [
         (["plugin", "--backend", "fake"], "--backend fake needs --fake-devices FILE"),
-        (["plugin", "--metrics-port", "70000"], "port out of range"),
+        (["plugin", "--metrics-port", "70000"], "must be 0-65535"),
         (["devices", "--backend", "fake", "--fake-devices", "/nonexistent"], "no such file"),
         (["devices", "--config", "/nonexistent/ix-config"], "cannot read"),
     ],
