@@ -67,12 +67,13 @@ async def _read_body(scope: Scope, receive: Receive, limit: int, timeout: float)
             raise _BodyRefused(400, "Content-Length is not a number")
         if int(length) > limit:
             raise _BodyRefused(413, f"body of {length.decode()} bytes is over the {limit}-byte limit")
-    # The common case — the whole body already buffered by the server — needs no timer.
-    message = await receive()
+    # The app is called when the headers are complete; the body may still be on its way (or
+    # never come), so even the first receive() is bounded.
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(timeout if message.get("more_body", False) else None):
+        async with asyncio.timeout(timeout):
+            message = await receive()
             while True:
                 if message["type"] == "http.disconnect":
                     raise _ClientGone()

@@ -208,6 +208,18 @@ def test_stalled_body_is_a_408(local_webhook: WebhookProcess) -> None:
         assert "not received within" in json.loads(body)["error"]
 
 
+def test_headers_then_silence_is_a_408(local_webhook: WebhookProcess) -> None:
+    """No body byte at all after the headers: the wait is bounded too (no slowloris)."""
+    with _connect(local_webhook) as sock:
+        sock.settimeout(5)
+        started = time.monotonic()
+        sock.sendall(_request_head(1000))
+        status, body = _read_response(sock)
+        assert status == 408
+        assert time.monotonic() - started < 4
+        assert "not received within" in json.loads(body)["error"]
+
+
 def test_slow_but_complete_body_is_answered(local_webhook: WebhookProcess) -> None:
     payload = json.dumps(_valid()).encode()
     with _connect(local_webhook) as sock:
