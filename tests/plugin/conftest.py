@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-# Helper modules (plugin_testkit, kubelet_fake) live next to the tests; pytest's import mode does
-# not put this directory on sys.path, so do it once here.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from plugin_testkit import EXAMPLE_DEVICES
+from tests.plugin.plugin_testkit import EXAMPLE_DEVICES
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Helpers shared by the device-plugin tests (imported by name; tests/plugin is on sys.path)."""
+"""Helpers shared by the device-plugin tests (imported as tests.plugin.plugin_testkit)."""
 
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plugin_testkit import EXAMPLE_DEVICES
 
 from plugin.backend_fake import FakeBackend
 from plugin.device_list import build_device_list
 from plugin.discovery import BackendError, Chip, decode_ixml_health
+from tests.plugin.plugin_testkit import EXAMPLE_DEVICES
 
 
 def chip(uuid: str, minor: int, board: str, position: int, numa: int | None = 0) -> Chip:

@@ -16,13 +16,13 @@ from typing import Any
 
 import grpc
 import pytest
-from kubelet_fake import FakeKubelet
-from plugin_testkit import FAST_HEALTH, write_config
 
 from devicemodel.plugin_config import load_plugin_config
 from plugin import deviceplugin_v1beta1_pb2 as pb
 from plugin.app import PluginApp, PluginSettings
 from plugin.backend_fake import FakeBackend
+from tests.plugin.kubelet_fake import FakeKubelet
+from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 
 pytestmark = pytest.mark.timeout(60)
 

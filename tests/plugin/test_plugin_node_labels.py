@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from plugin_testkit import FAST_HEALTH, write_config
 
 from devicemodel import labels
 from devicemodel.plugin_config import load_plugin_config
 from plugin.app import PluginApp, PluginSettings
 from plugin.backend_fake import FakeBackend
 from plugin.node_labels import ApiServer
+from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kubelet_fake import FakeKubelet
-from plugin_testkit import FAST_HEALTH, REPO, write_config
+
+from tests.plugin.kubelet_fake import FakeKubelet
+from tests.plugin.plugin_testkit import FAST_HEALTH, REPO, write_config
 
 pytestmark = pytest.mark.timeout(60)
 
