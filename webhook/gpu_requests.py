@@ -76,11 +76,20 @@ def gpu_containers(spec: dict[str, Any], config: CompiledConfig, where: str) -> 
                 if exact is not None and resource not in exact:
                     continue
                 matched = profiles_for(resource) if type(resource) is str else ()
-                if matched and _gpus_requested(limits, requests, resource, name, where) > 0:
+                if not matched:
+                    continue
+                limit = limits[resource]
+                # Fast path for the usual manifest (a plain integer limit, no request); anything
+                # else gets the full checks and their messages.
+                if type(limit) is not int or limit < 0 or resource in requests:
+                    limit = _gpus_requested(limits, requests, resource, name, where)
+                if limit > 0:
                     for profile in matched:
                         profiles[profile.index] = profile
             for resource in requests:
-                if resource not in limits and type(resource) is str and profiles_for(resource):
+                if resource in limits or (exact is not None and resource not in exact):
+                    continue
+                if type(resource) is str and profiles_for(resource):
                     _gpus_requested(limits, requests, resource, name, where)  # raises: no limit
             if profiles:
                 ordered = (
