@@ -72,10 +72,6 @@ class Registrar:
     def kubelet_socket(self) -> Path:
         return self.directory / KUBELET_SOCKET
 
-    @property
-    def socket_path(self) -> Path | None:
-        return self._socket
-
     def request_reregister(self) -> None:
         """Serve and register again (the resource name changed)."""
         self._force = True
