@@ -11,9 +11,6 @@ ENV PATH=/opt/ix-gpu/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY ix_gpu ./ix_gpu
-COPY devicemodel ./devicemodel
-COPY webhook ./webhook
-COPY plugin ./plugin
 # The same pip command and constraints file CI installs with (scripts/test.sh), without the dev extras.
 RUN python -m pip install -c constraints.txt .
 # Fail the build, not the rollout, when the console script does not resolve.

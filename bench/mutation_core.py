@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from devicemodel.webhook_config import default_config, load_config
-from webhook.compiled_config import CompiledConfig
-from webhook.decision import Decision, NamespaceFacts
-from webhook.mutation import mutate
+from ix_gpu.devicemodel.webhook_config import default_config, load_config
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
+from ix_gpu.webhook.core.mutation import mutate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,8 +32,8 @@ import grpc
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from plugin import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
-from plugin import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # noqa: E402
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:
@@ -176,13 +176,13 @@ async def bench(boards: int, allocates: int) -> dict[str, float]:
 
 async def handler_latency(boards: int, calls: int) -> dict[str, float]:
     """Allocate handler time alone (no sockets, no client): the plugin's own share of the p99."""
-    from devicemodel.plugin_config import parse_plugin_config
-    from devicemodel.vendors import ILUVATAR
-    from plugin.backend_fake import parse_fake_devices
-    from plugin.device_list import build_device_list
-    from plugin.device_state import DeviceState, Snapshot
-    from plugin.metrics import PluginMetrics
-    from plugin.servicer import DevicePluginServicer
+    from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+    from ix_gpu.devicemodel.vendors import ILUVATAR
+    from ix_gpu.plugin.backends.fake import parse_fake_devices
+    from ix_gpu.plugin.devices.device_list import build_device_list
+    from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
+    from ix_gpu.plugin.server.metrics import PluginMetrics
+    from ix_gpu.plugin.server.servicer import DevicePluginServicer
 
     chips = parse_fake_devices(devices_yaml(boards), "bench").to_chips()
     config = parse_plugin_config({"flags": {"splitboard": True}})

@@ -1,6 +1,6 @@
 """``ix-gpu``: the single console script.
 
-Each area registers its own subcommands (``webhook.cli``, ``plugin.cli``) so this module stays a
+Each area registers its own subcommands (``ix_gpu.webhook.cli``, ``ix_gpu.plugin.cli``) so this module stays a
 dispatcher. Registration must stay import-light: ``ix-gpu mutate`` should not pay for FastAPI or
 gRPC, so handlers import their heavy dependencies when they run.
 
@@ -14,33 +14,12 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
 
-_SUBCOMMAND_MODULES = ("webhook.cli", "plugin.cli")
+from ix_gpu.runtime.usage import OneLineParser, UsageError
+
+_SUBCOMMAND_MODULES = ("ix_gpu.webhook.cli", "ix_gpu.plugin.cli")
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-class UsageError(Exception):
-    """Bad input from the person at the terminal: printed as one line, exit code 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus message; operators asked for one line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def port_number(text: str) -> int:
-    """argparse type for TCP ports; 0 is allowed (where a command says it disables the listener)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from bodies import write_bodies  # noqa: E402
 
-from webhook.certificates import generate_bundle, write_bundle  # noqa: E402
+from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle  # noqa: E402
 
 
 def _rss_kib(pid: int) -> int:

@@ -15,9 +15,6 @@ import json
 import os
 import secrets
 import ssl
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.chart.rendering import find, render
-from tests.k8s.k8s_tier import KubeAPI, build_binaries, free_port, start_etcd, start_kube_apiserver, tail
-from tests.support.paths import ROOT
+from tests.k8s.k8s_tier import KubeAPI, build_binaries, start_etcd, start_kube_apiserver, write_kubeconfig
+from tests.support.cli import ix_gpu_process
+from tests.support.net import free_port
+from tests.support.objects import pod
+from tests.support.waiting import wait_until
 
 pytestmark = [
     pytest.mark.k8s,
@@ -143,50 +142,8 @@ def _sa_token(api: KubeAPI, name: str) -> str:
     return str(body["status"]["token"])
 
 
-def _kubeconfig(api: KubeAPI, token: str, path: Path) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": api.url, "certificate-authority": str(api.ca_path)}}
-                ],
-                "users": [{"name": "webhook", "user": {"token": token}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "webhook"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
-
-
-def _wait(what: str, check: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        if proc.poll() is not None:
-            pytest.fail(f"webhook exited ({proc.returncode}) waiting for {what}:\n{tail(log, 30)}")
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}:\n{tail(log, 30)}")
-
-
-def _pod(name: str, limits: dict[str, str] | None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "busybox"}
-    if limits:
-        container["resources"] = {"limits": limits}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [container]},
-    }
-
-
-def _create_pod(api: KubeAPI, ns: str, pod: dict[str, Any]) -> dict[str, Any]:
-    status, body = _call(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod)
+def _create_pod(api: KubeAPI, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+    status, body = _call(api, "POST", f"/api/v1/namespaces/{ns}/pods", obj)
     assert status == 201, body
     return dict(body)
 
@@ -233,7 +190,7 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
     chart_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     config = tmp_path / "config.yaml"
     config.write_text(find(objects, "ConfigMap", WEBHOOK)["data"]["config.yaml"])
-    kubeconfig = _kubeconfig(api, _sa_token(api, WEBHOOK), tmp_path / "kubeconfig")
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, api.ca_path, _sa_token(api, WEBHOOK))
     local = {
         "--config": str(config),
         "--cert-dir": str(tmp_path / "certs"),
@@ -244,21 +201,26 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
         a if a.split("=", 1)[0] not in local else f"{a.split('=', 1)[0]}={local[a.split('=', 1)[0]]}"
         for a in chart_args
     ] + [f"--kubeconfig={kubeconfig}"]
-    log = tmp_path / "webhook.log"
-    with log.open("wb") as out:
-        # The chart's args start with the subcommand (the image's ENTRYPOINT is ``ix-gpu``).
-        proc = subprocess.Popen([sys.executable, "-m", "ix_gpu", *argv], cwd=ROOT, stdout=out, stderr=out)
+    # The chart's args start with the subcommand (the image's ENTRYPOINT is ``ix-gpu``).
+    webhook = ix_gpu_process("webhook", *argv, log_dir=tmp_path)
     try:
-        secret = _wait(
-            "the Secret",
+        secret = wait_until(
             lambda: (lambda r: r[1] if r[0] == 200 else None)(
                 _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
             ),
-            proc,
-            log,
+            "the Secret",
+            60,
+            interval=0.3,
+            process=webhook,
         )
         ca_bundle = base64.b64decode(secret["data"]["ca-bundle.crt"])
-        _wait("the caBundle", lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()}, proc, log)
+        wait_until(
+            lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()},
+            "the caBundle",
+            60,
+            interval=0.3,
+            process=webhook,
+        )
         context = ssl.create_default_context(cadata=ca_bundle.decode())
         context.check_hostname = False
 
@@ -271,16 +233,16 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
             except OSError:
                 return False
 
-        _wait("/readyz", ready, proc, log)
+        wait_until(ready, "/readyz", 60, interval=0.3, process=webhook)
 
         ns = _namespace(api)
-        gpu = _create_pod(api, ns, _pod("gpu", {"iluvatar.com/gpu": "1"}))
+        gpu = _create_pod(api, ns, pod("gpu", limits={"iluvatar.com/gpu": "1"}))
         assert gpu["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("iluvatar@")
         assert "/usr/local/corex" in {v.get("hostPath", {}).get("path") for v in gpu["spec"]["volumes"]}
-        plain = _create_pod(api, ns, _pod("plain", {"cpu": "1"}))
+        plain = _create_pod(api, ns, pod("plain", limits={"cpu": "1"}))
         assert "ix-gpu.io/injected" not in (plain["metadata"].get("annotations") or {})
         opted_out = _namespace(api, {"ix-gpu.io/inject": "disabled"})
-        skipped = _create_pod(api, opted_out, _pod("gpu", {"iluvatar.com/gpu": "1"}))
+        skipped = _create_pod(api, opted_out, pod("gpu", limits={"iluvatar.com/gpu": "1"}))
         assert "ix-gpu.io/injected" not in (skipped["metadata"].get("annotations") or {})
 
         # RBAC audit: what the webhook's own token may do, as the apiserver computes it.
@@ -313,7 +275,7 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
             ("", "secrets", "update", (SECRET,)),
             ("", "secrets", "create", ()),
         }
-        # Discovery and self-review rules every authenticated user has (system:basic-user etc.).
+        # Backend and self-review rules every authenticated user has (system:basic-user etc.).
         baseline = {
             g
             for g in granted
@@ -337,11 +299,7 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
         assert after["data"]["ca.crt"] == secret["data"]["ca.crt"]
         status, mwc = _call(api, "GET", _PATHS["MutatingWebhookConfiguration"].format(name=MWC))
         assert {w["timeoutSeconds"] for w in mwc["webhooks"]} == {7}
-        again = _create_pod(api, _namespace(api), _pod("gpu", {"nvidia.com/gpu": "1"}))
+        again = _create_pod(api, _namespace(api), pod("gpu", limits={"nvidia.com/gpu": "1"}))
         assert again["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("nvidia@")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        webhook.stop(15)

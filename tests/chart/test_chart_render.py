@@ -12,9 +12,9 @@ import cel
 import pytest
 import yaml
 
-from devicemodel.plugin_config import DEFAULT_PATH as PLUGIN_CONFIG_PATH
-from devicemodel.plugin_config import parse_plugin_config
-from devicemodel.webhook_config import parse_config
+from ix_gpu.devicemodel.plugin_config import DEFAULT_PATH as PLUGIN_CONFIG_PATH
+from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.devicemodel.webhook_config import parse_config
 from tests.chart.rendering import (
     CERT_MODES,
     KUBE_VERSIONS,
@@ -30,6 +30,7 @@ from tests.chart.rendering import (
     render_files,
 )
 from tests.support.k8s_schema import validate
+from tests.support.objects import container, pod, replica, tfjob
 
 WEBHOOK = "ixg-ix-gpu-webhook"
 PLUGIN = "ixg-ix-gpu-plugin"
@@ -270,30 +271,6 @@ def test_self_mode_renders_no_secret_and_no_ca() -> None:
 # --------------------------------------------------------------------------- CEL matchConditions
 
 
-def _pod(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": containers}
-    if init is not None:
-        spec["initContainers"] = init
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec}
-
-
-def _c(limits: dict[str, str] | None = None, requests: dict[str, str] | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "c", "image": "busybox"}
-    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v is not None}
-    if resources:
-        container["resources"] = resources
-    return container
-
-
-def _tfjob(replica_specs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {"name": "t"},
-        "spec": {"tfReplicaSpecs": replica_specs},
-    }
-
-
 def _matches(hook: dict[str, Any], obj: dict[str, Any]) -> bool:
     # The apiserver sends the object when every condition is true; an evaluation error would apply
     # failurePolicy, so evaluation must not raise for any shape below.
@@ -301,16 +278,32 @@ def _matches(hook: dict[str, Any], obj: dict[str, Any]) -> bool:
 
 
 POD_CASES = [
-    ("limits", _pod([_c(limits={"iluvatar.com/gpu": "1"})]), True),
-    ("requests only", _pod([_c(requests={"nvidia.com/gpu": "2"})]), True),
-    ("second container", _pod([_c(), _c(limits={"cpu": "1", "nvidia.com/gpu": "1"})]), True),
-    ("initContainer", _pod([_c()], init=[_c(limits={"iluvatar.com/gpu": "1"})]), True),
-    ("no resources", _pod([_c()]), False),
-    ("cpu and memory", _pod([_c(limits={"cpu": "1", "memory": "1Gi"}, requests={"cpu": "1"})]), False),
-    ("empty resources", _pod([{"name": "c", "image": "x", "resources": {}}]), False),
-    ("other vendor", _pod([_c(limits={"amd.com/gpu": "1"})]), False),
-    ("look-alike name", _pod([_c(limits={"iluvatar.com/gpu-mem": "1"})]), False),
-    ("init without gpu", _pod([_c()], init=[_c(limits={"cpu": "1"})]), False),
+    ("limits", pod("p", [container("c", limits={"iluvatar.com/gpu": "1"})]), True),
+    ("requests only", pod("p", [container("c", requests={"nvidia.com/gpu": "2"})]), True),
+    (
+        "second container",
+        pod("p", [container("c"), container("c", limits={"cpu": "1", "nvidia.com/gpu": "1"})]),
+        True,
+    ),
+    (
+        "initContainer",
+        pod("p", [container("c")], init_containers=[container("c", limits={"iluvatar.com/gpu": "1"})]),
+        True,
+    ),
+    ("no resources", pod("p", [container("c")]), False),
+    (
+        "cpu and memory",
+        pod("p", [container("c", limits={"cpu": "1", "memory": "1Gi"}, requests={"cpu": "1"})]),
+        False,
+    ),
+    ("empty resources", pod("p", [{"name": "c", "image": "x", "resources": {}}]), False),
+    ("other vendor", pod("p", [container("c", limits={"amd.com/gpu": "1"})]), False),
+    ("look-alike name", pod("p", [container("c", limits={"iluvatar.com/gpu-mem": "1"})]), False),
+    (
+        "init without gpu",
+        pod("p", [container("c")], init_containers=[container("c", limits={"cpu": "1"})]),
+        False,
+    ),
 ]
 
 
@@ -319,19 +312,31 @@ def test_pod_match_condition(case: str, pod: dict[str, Any], expected: bool) -> 
     assert _matches(_webhooks()["pods.ix-gpu.io"], pod) is expected
 
 
-def _template(*containers: dict[str, Any]) -> dict[str, Any]:
-    return {"template": {"spec": {"containers": list(containers)}}}
-
-
 TFJOB_CASES = [
-    ("worker gpu", _tfjob({"Worker": _template(_c(limits={"nvidia.com/gpu": "1"}))}), True),
     (
-        "ps cpu, worker gpu",
-        _tfjob({"PS": _template(_c()), "worker": _template(_c(limits={"iluvatar.com/gpu": "1"}))}),
+        "worker gpu",
+        tfjob({"Worker": replica(container("c", limits={"nvidia.com/gpu": "1"}))}, name="t"),
         True,
     ),
-    ("cpu only", _tfjob({"PS": _template(_c()), "Worker": _template(_c(limits={"cpu": "1"}))}), False),
-    ("no template", _tfjob({"Worker": {"replicas": 1}}), False),
+    (
+        "ps cpu, worker gpu",
+        tfjob(
+            {
+                "PS": replica(container("c")),
+                "worker": replica(container("c", limits={"iluvatar.com/gpu": "1"})),
+            },
+            name="t",
+        ),
+        True,
+    ),
+    (
+        "cpu only",
+        tfjob(
+            {"PS": replica(container("c")), "Worker": replica(container("c", limits={"cpu": "1"}))}, name="t"
+        ),
+        False,
+    ),
+    ("no template", tfjob({"Worker": {"replicas": 1}}, name="t"), False),
     ("no spec", {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": {"name": "t"}}, False),
     (
         "no replica specs",
@@ -349,8 +354,8 @@ def test_tfjob_match_condition(case: str, job: dict[str, Any], expected: bool) -
 def test_match_condition_follows_the_configured_profiles() -> None:
     values = {"profiles": {"nvidia": {"enabled": False}, "iluvatar": {"resources": ["iluvatar.com/*"]}}}
     hook = _webhooks(values)["pods.ix-gpu.io"]
-    assert _matches(hook, _pod([_c(limits={"iluvatar.com/gpu-bi150": "1"})]))
-    assert not _matches(hook, _pod([_c(limits={"nvidia.com/gpu": "1"})]))
+    assert _matches(hook, pod("p", [container("c", limits={"iluvatar.com/gpu-bi150": "1"})]))
+    assert not _matches(hook, pod("p", [container("c", limits={"nvidia.com/gpu": "1"})]))
     config = _webhook_config(values)
     assert [p.name for p in config.profiles] == ["iluvatar"]
     assert config.profiles[0].matches("iluvatar.com/gpu-bi150")

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,16 @@ def test_every_copy_source_exists_and_is_in_the_build_context() -> None:
 def test_dockerignore_matcher_is_not_vacuous() -> None:
     assert _ignored("tests/chart/test_dockerfile.py")
     assert _ignored(".venv/bin/python")
-    assert _ignored("webhook/__pycache__/app.cpython-311.pyc")
-    assert not _ignored("webhook/app.py")
+    assert _ignored("ix_gpu/webhook/__pycache__/app.cpython-311.pyc")
+    assert not _ignored("ix_gpu/webhook/service/app.py")
 
 
 def test_the_image_gets_every_package_and_file_the_build_needs() -> None:
     project = _pyproject()
     copied = set(_copy_sources())
-    for package in project["tool"]["setuptools"]["packages"]:
-        assert package in copied, f"package {package} is not copied into the image"
+    for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+        top = pattern.split(".")[0]
+        assert top in copied, f"package {top} is not copied into the image"
     assert project["project"]["readme"] in copied  # setuptools reads it for the metadata
     assert "pyproject.toml" in copied and CONSTRAINTS in copied
 
@@ -230,6 +232,10 @@ def test_build_context_installs_and_the_entrypoint_resolves(tmp_path: Path) -> N
         timeout=240,
     )
     (wheel,) = wheels.glob("ix_gpu-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    # One installed package: generic names such as "plugin" or "webhook" must never reach site-packages.
+    assert tops == {"ix_gpu", "ix_gpu-0.1.0.dist-info"}, sorted(tops)
     prefix = tmp_path / "prefix"
     subprocess.run(
         [
@@ -265,7 +271,11 @@ def test_build_context_installs_and_the_entrypoint_resolves(tmp_path: Path) -> N
     )
     assert where.returncode == 0 and "WebhookConfig" in where.stdout, where.stderr
     probe = subprocess.run(
-        [sys.executable, "-c", "import ix_gpu, plugin, webhook; print(ix_gpu.__file__, plugin.__file__)"],
+        [
+            sys.executable,
+            "-c",
+            "import ix_gpu.plugin, ix_gpu.webhook; print(ix_gpu.__file__, ix_gpu.plugin.__file__)",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -274,5 +284,5 @@ def test_build_context_installs_and_the_entrypoint_resolves(tmp_path: Path) -> N
     )
     assert all(path.startswith(str(site)) for path in probe.stdout.split()), probe.stdout
     installed = {p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file()}
-    for data in ("plugin/deviceplugin_v1beta1.proto", "webhook/py.typed", "devicemodel/py.typed"):
+    for data in ("ix_gpu/plugin/api/deviceplugin_v1beta1.proto", "ix_gpu/py.typed"):
         assert any(f.endswith(data) for f in installed), f"{data} missing from the installed package"

@@ -11,7 +11,6 @@ import base64
 import copy
 import datetime as dt
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,8 @@ import pytest
 from cryptography import x509
 
 from ix_gpu.cli import UsageError
-from tests.chart.rendering import NAMESPACE, find, render
-from webhook import self_certs
-from webhook.self_certs import (
+from ix_gpu.webhook.service import self_certs
+from ix_gpu.webhook.service.self_certs import (
     CA_BUNDLE,
     CA_CERT,
     TLS_CERT,
@@ -32,6 +30,8 @@ from webhook.self_certs import (
     SelfCertSettings,
     StoredSecret,
 )
+from tests.chart.rendering import NAMESPACE, find, render
+from tests.support.waiting import wait_until
 
 DNS = ("ixg-ix-gpu-webhook.ix-gpu-system.svc",)
 MWC = "ixg-ix-gpu"
@@ -375,9 +375,9 @@ def test_background_loop_renews_and_serves(tmp_path: Path) -> None:
     stop = manager.start()
     try:
         clock.now += dt.timedelta(days=80)
-        deadline = time.monotonic() + 10
-        while (tmp_path / "tls.crt").read_bytes() == first and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(
+            lambda: (tmp_path / "tls.crt").read_bytes() != first, "the renewed certificate", 10, interval=0.05
+        )
     finally:
         stop.set()
     assert (tmp_path / "tls.crt").read_bytes() == api.secret()[TLS_CERT] != first
@@ -387,7 +387,7 @@ def test_background_loop_renews_and_serves(tmp_path: Path) -> None:
 
 
 def _webhook_parser() -> argparse.ArgumentParser:
-    from webhook.service_cli import register_service
+    from ix_gpu.webhook.service.service_cli import register_service
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
@@ -452,7 +452,7 @@ def test_without_the_flags_nothing_happens() -> None:
 def test_start_from_args_prepares_the_cert_dir_before_the_service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from webhook import json_logging
+    from ix_gpu.runtime import json_logging
 
     monkeypatch.setattr(json_logging, "configure", lambda level: None)  # keep pytest's log capture
     api = StandIn()
@@ -472,6 +472,6 @@ def test_start_from_args_prepares_the_cert_dir_before_the_service(
     manager = self_certs.start_from_args(args, api=api)
     assert manager is not None
     assert (tmp_path / "tls.crt").read_bytes() == api.secret()[TLS_CERT]
-    from webhook.server import ensure_certificates
+    from ix_gpu.webhook.service.server import ensure_certificates
 
     assert ensure_certificates(tmp_path) == (tmp_path / "tls.crt", tmp_path / "tls.key")

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from devicemodel.labels import label_value
-from devicemodel.quantities import QuantityError, gpu_count, parse_quantity
+from ix_gpu.devicemodel.labels import label_value
+from ix_gpu.devicemodel.quantities import QuantityError, gpu_count, parse_quantity
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from devicemodel.schema_base import ConfigError
-from devicemodel.webhook_config import default_config, load_config, parse_config
+from ix_gpu.devicemodel.schema_base import ConfigError
+from ix_gpu.devicemodel.webhook_config import default_config, load_config, parse_config
 
 
 def profile(**extra: Any) -> dict[str, Any]:

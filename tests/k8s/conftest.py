@@ -32,8 +32,8 @@ from tests.k8s.k8s_tier import (
     build_binaries,
     start_etcd,
     start_kube_apiserver,
-    tail,
 )
+from tests.support.processes import tail
 
 # --------------------------------------------------------------------------- selection
 

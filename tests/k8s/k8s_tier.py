@@ -3,7 +3,7 @@ device-manager harness. Used by tests/k8s/conftest.py; also usable by hand, e.g.
 
     .venv/bin/python -c "from tests.k8s import k8s_tier as t; ..."'
 
-Every process writes its output to ``<log_dir>/<name>.log``.
+Every process writes its output to ``<log_dir>/<name>.log`` (``tests.support.processes``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -31,81 +28,23 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from webhook.certificates import generate_bundle, write_bundle
+from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle
+from tests.support.net import free_port
+from tests.support.processes import Process, start_process, tail
+from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
 START_TIMEOUT_S = float(os.environ.get("IX_GPU_K8S_START_TIMEOUT", "180"))
 
 
-# --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: Path, lines: int = 40) -> str:
+def _wait_started(check: Callable[[], bool], what: str, process: Process, stop: Callable[[], object]) -> None:
+    """Wait for a component to come up; ``stop`` it when it does not."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-@dataclasses.dataclass
-class Process:
-    """A started binary whose stdout and stderr go to a log file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM by PID, SIGKILL after grace_s."""
-        if self.popen.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(10)
-
-
-def start_process(name: str, argv: list[str], log_dir: Path) -> Process:
-    log = log_dir / f"{name}.log"
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    return Process(name=name, popen=popen, log=log)
-
-
-def wait_until(
-    what: str, check: Callable[[], bool], proc: Process, timeout_s: float = START_TIMEOUT_S
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise RuntimeError(
-                f"{proc.name} exited with {proc.popen.returncode} while waiting for {what}; "
-                f"log {proc.log}:\n{tail(proc.log)}"
-            )
-        if check():
-            return
-        time.sleep(0.25)
-    raise RuntimeError(
-        f"timed out after {timeout_s:.0f}s waiting for {what}; log {proc.log}:\n{tail(proc.log)}"
-    )
+        wait_until(check, what, START_TIMEOUT_S, interval=0.25, process=process)
+    except BaseException:
+        stop()
+        raise
 
 
 # --------------------------------------------------------------------------- binaries
@@ -186,11 +125,7 @@ def start_etcd(binaries: K8sBinaries, log_dir: Path) -> Etcd:
         except (OSError, ValueError):
             return False
 
-    try:
-        wait_until("etcd /health", healthy, proc)
-    except BaseException:
-        etcd.stop()
-        raise
+    _wait_started(healthy, "etcd /health", proc, etcd.stop)
     return etcd
 
 
@@ -251,7 +186,8 @@ class KubeAPI:
         self.process.stop()
 
 
-def _write_kubeconfig(path: Path, url: str, ca: Path, token: str) -> None:
+def write_kubeconfig(path: Path, url: str, ca: Path, token: str) -> Path:
+    """A kubeconfig for ``url`` (trusting ``ca``) that authenticates with ``token``."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -262,6 +198,7 @@ def _write_kubeconfig(path: Path, url: str, ca: Path, token: str) -> None:
     }
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
+    return path
 
 
 def start_kube_apiserver(binaries: K8sBinaries, etcd: Etcd, work_dir: Path, log_dir: Path) -> KubeAPI:
@@ -318,7 +255,7 @@ def start_kube_apiserver(binaries: K8sBinaries, etcd: Etcd, work_dir: Path, log_
         log_dir,
     )
     kubeconfig = work_dir / "kubeconfig"
-    _write_kubeconfig(kubeconfig, url, certs["ca.crt"], token)
+    write_kubeconfig(kubeconfig, url, certs["ca.crt"], token)
     api = KubeAPI(
         url=url, token=token, ca_path=certs["ca.crt"], kubeconfig=kubeconfig, process=proc, log_dir=log_dir
     )
@@ -330,11 +267,7 @@ def start_kube_apiserver(binaries: K8sBinaries, etcd: Etcd, work_dir: Path, log_
             return False
         return status == 200
 
-    try:
-        wait_until("kube-apiserver /readyz", ready, proc)
-    except BaseException:
-        proc.stop()
-        raise
+    _wait_started(ready, "kube-apiserver /readyz", proc, proc.stop)
     return api
 
 
@@ -392,17 +325,6 @@ class KubeletHarness:
 
     def allocate(self, pod: str, container: str, resources: dict[str, int]) -> dict[str, Any]:
         return self.call("allocate", pod=pod, container=container, resources=resources)
-
-    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30) -> dict[str, Any]:
-        """Poll ``capacity`` until predicate(reply) holds; returns that reply."""
-        deadline = time.monotonic() + timeout_s
-        reply = self.capacity()
-        while not predicate(reply):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out; last capacity reply: {reply}")
-            time.sleep(0.2)
-            reply = self.capacity()
-        return reply
 
     def close(self) -> None:
         if self.popen.poll() is None:

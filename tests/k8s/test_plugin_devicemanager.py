@@ -12,15 +12,8 @@ from typing import Any
 import pytest
 
 from tests.k8s.k8s_tier import KubeletHarness
-from tests.k8s.plugin_process import (
-    RESOURCE,
-    PluginProcess,
-    chip_uuids,
-    devices_yaml,
-    example_devices,
-    poll,
-    seed_config,
-)
+from tests.k8s.plugin_process import RESOURCE, chip_uuids, devices_yaml, example_devices, poll, seed_config
+from tests.support.plugin_process import PluginProcess
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,8 +46,9 @@ def start_plugin(
             harness.dir,
             devices,
             config,
-            k8s_log_dir / f"ix-gpu-plugin-{test}-{n}.log",
-        )
+            k8s_log_dir,
+            name=f"ix-gpu-plugin-{test}-{n}",
+        ).start()
         plugins.append(plugin)
         _, took = poll(harness, lambda r: r["capacity"].get(RESOURCE, 0) > 0, REGISTER_S, "registration")
         print(f"registered in {took:.2f}s")

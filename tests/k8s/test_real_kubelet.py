@@ -32,8 +32,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, Process, free_port, start_process, tail, wait_until
-from tests.k8s.plugin_process import RESOURCE, PluginProcess, devices_yaml, seed_config
+from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
+from tests.k8s.plugin_process import RESOURCE, devices_yaml, seed_config
+from tests.support.net import free_port
+from tests.support.plugin_process import PluginProcess
+from tests.support.processes import Process, start_process, tail
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -118,7 +122,9 @@ class RealKubelet:
             log_dir,
         )
         self.processes.append(cri)
-        wait_until("the fake CRI socket", lambda: unix_socket_ready(self.cri_socket), cri, 30)
+        wait_until(
+            lambda: unix_socket_ready(self.cri_socket), "the fake CRI socket", 30, interval=0.25, process=cri
+        )
 
         config = self.root / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(kubelet_config(self.cri_socket, self.root)))
@@ -181,13 +187,16 @@ def test_node_capacity_two_gpus_replicas4_is_8(
 ) -> None:
     kubelet = real_kubelet
     start = time.monotonic()
-    wait_until(f"Node {kubelet.name} Ready", kubelet.ready, kubelet.kubelet, NODE_READY_S)
+    wait_until(
+        kubelet.ready, f"Node {kubelet.name} Ready", NODE_READY_S, interval=0.25, process=kubelet.kubelet
+    )
     print(f"Node {kubelet.name} Ready after {time.monotonic() - start:.1f}s")
     wait_until(
-        "the kubelet's device-plugin registration socket",
         lambda: unix_socket_ready(kubelet.plugin_dir / "kubelet.sock"),
-        kubelet.kubelet,
+        "the kubelet's device-plugin registration socket",
         30,
+        interval=0.25,
+        process=kubelet.kubelet,
     )
 
     plugin = PluginProcess(
@@ -195,8 +204,9 @@ def test_node_capacity_two_gpus_replicas4_is_8(
         kubelet.plugin_dir,
         devices_yaml(),
         seed_config(replicas=4),
-        k8s_log_dir / f"ix-gpu-plugin-{kubelet.name}.log",
-    )
+        k8s_log_dir,
+        name=f"ix-gpu-plugin-{kubelet.name}",
+    ).start()
     try:
         start = time.monotonic()
 
@@ -204,10 +214,14 @@ def test_node_capacity_two_gpus_replicas4_is_8(
             node = kubelet.node()
             return node is not None and node["status"].get("allocatable", {}).get(RESOURCE) == "8"
 
-        try:
-            wait_until(f"{RESOURCE} on Node {kubelet.name}", has_gpus, kubelet.kubelet, CAPACITY_S)
-        except RuntimeError as err:
-            raise AssertionError(f"{err}\nplugin log:\n{plugin.log_tail()}\nnode: {kubelet.node()}") from None
+        wait_until(
+            has_gpus,
+            f"{RESOURCE} on Node {kubelet.name}",
+            CAPACITY_S,
+            interval=0.25,
+            process=kubelet.kubelet,
+            details=lambda: f"plugin log:\n{plugin.log_tail()}\nnode: {kubelet.node()}",
+        )
         node = kubelet.node()
         assert node is not None
         print(f"{RESOURCE} on the Node after {time.monotonic() - start:.1f}s\n{describe_capacity(node)}")

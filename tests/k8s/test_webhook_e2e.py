@@ -9,9 +9,7 @@ is no scheduler.
 
 from __future__ import annotations
 
-import copy
 import secrets
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import pytest
 import yaml
 
 from tests.k8s.extra_container_webhook import SIDECAR_NAME, ExtraContainerWebhook
-from tests.k8s.k8s_tier import Etcd, K8sBinaries, KubeAPI, start_kube_apiserver, start_process
+from tests.k8s.k8s_tier import Etcd, K8sBinaries, KubeAPI, start_kube_apiserver
 from tests.k8s.webhook_fixtures import (
     INJECT,
     INJECTED,
@@ -28,50 +26,27 @@ from tests.k8s.webhook_fixtures import (
     SCOPE_LABEL,
     SUITE_LABEL,
     ApiResponse,
-    WebhookServer,
     api,
-    generate_certs,
     must,
     mutating_webhook_configuration,
-    wait_for,
     webhook_config,
     write_config,
 )
+from tests.support import objects
+from tests.support.objects import pod, review
+from tests.support.processes import start_process
+from tests.support.waiting import wait_until
+from tests.support.webhook_process import WebhookProcess, generate_certs
 
 pytestmark = pytest.mark.k8s
 
 HERE = Path(__file__).resolve().parent
-IMAGE = "registry.invalid/app:1"
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 ILUVATAR_DRIVER = "ix-gpu-iluvatar-driver"
 LD_LIBRARY_PATH = "/usr/local/corex/lib64"
 
 
 # --------------------------------------------------------------------------- objects
-
-
-def pod(
-    name: str,
-    resource: str | None = "iluvatar.com/gpu",
-    *,
-    annotations: dict[str, str] | None = None,
-    init_gpu: bool = False,
-    privileged: bool | None = None,
-) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": IMAGE}
-    if resource is not None and not init_gpu:
-        container["resources"] = {"limits": {resource: "1"}}
-    if privileged is not None:
-        container["securityContext"] = {"privileged": privileged}
-    spec: dict[str, Any] = {"containers": [container]}
-    if init_gpu and resource is not None:
-        spec["initContainers"] = [
-            {"name": "warmup", "image": IMAGE, "resources": {"limits": {resource: "1"}}}
-        ]
-    metadata: dict[str, Any] = {"name": name}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def pods_path(namespace: str) -> str:
@@ -142,18 +117,24 @@ class Suite:
         )
         self.certs = generate_certs(work / "certs")
         self.mwcs: list[str] = []
-        self.webhooks: list[WebhookServer] = []
-        self.main: WebhookServer | None = None
+        self.webhooks: list[WebhookProcess] = []
+        self.main: WebhookProcess | None = None
 
     def scope(self, name: str = "main") -> dict[str, str]:
         return {SUITE_LABEL: self.token, SCOPE_LABEL: f"{name}-{self.token}"}
 
-    def webhook(self, name: str, kubeconfig: Path | None = None, wait_ready: bool = True) -> WebhookServer:
-        server = WebhookServer(
-            name, self.config, self.certs, kubeconfig or self.kube.kubeconfig, self.log_dir
+    def webhook(self, name: str, kubeconfig: Path | None = None, wait_ready: bool = True) -> WebhookProcess:
+        server = self.webhook_process(name, kubeconfig or self.kube.kubeconfig)
+        return server.start(ready=wait_ready)
+
+    def webhook_process(self, name: str, kubeconfig: Path) -> WebhookProcess:
+        """The real ``ix-gpu webhook`` with the suite's config and certificates, logging into the
+        tier's log directory; stopped by ``close()``."""
+        server = WebhookProcess(
+            self.log_dir, self.certs, name=f"ix-gpu-webhook-{name}", config=self.config, kubeconfig=kubeconfig
         )
         self.webhooks.append(server)
-        return server.start(wait_ready=wait_ready)
+        return server
 
     def register(self, body: dict[str, Any]) -> str:
         must(api(self.kube, "POST", MWC_PATH, body))
@@ -195,7 +176,7 @@ class Suite:
             annotations = resp.body.get("metadata", {}).get("annotations") or {} if resp.ok() else {}
             return resp.ok() and (INJECTED in annotations) == injected
 
-        wait_for(f"webhook registration effective in {namespace}", effective, timeout_s)
+        wait_until(effective, f"webhook registration effective in {namespace}", timeout_s, interval=0.2)
 
     def close(self) -> None:
         for name in list(self.mwcs):
@@ -210,7 +191,9 @@ def suite(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory, k8s_log_d
     try:
         main = s.main = s.webhook("main")
         s.register(
-            mutating_webhook_configuration(f"e2e-ix-gpu-main-{s.token}", main.url, main.ca_bundle, s.scope())
+            mutating_webhook_configuration(
+                f"e2e-ix-gpu-main-{s.token}", main.mutate_url, main.ca_bundle, s.scope()
+            )
         )
         s.wait_registered(s.namespace(scope="main"))
         yield s
@@ -219,7 +202,7 @@ def suite(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory, k8s_log_d
 
 
 @pytest.fixture
-def main(suite: Suite) -> WebhookServer:
+def main(suite: Suite) -> WebhookProcess:
     server = suite.main
     assert server is not None and server.process is not None and server.process.alive(), (
         "the main webhook process died"
@@ -230,7 +213,7 @@ def main(suite: Suite) -> WebhookServer:
 # --------------------------------------------------------------------------- pods
 
 
-def test_gpu_pod_is_stored_injected(kube_api: KubeAPI, suite: Suite, main: WebhookServer) -> None:
+def test_gpu_pod_is_stored_injected(kube_api: KubeAPI, suite: Suite, main: WebhookProcess) -> None:
     ns = suite.namespace()
     body = pod("gpu", annotations={"ix-gpu.io/gpu-type": "BI-V150"})
     resp = create_pod(kube_api, ns, body)
@@ -252,13 +235,13 @@ def test_gpu_pod_is_stored_injected(kube_api: KubeAPI, suite: Suite, main: Webho
 
 
 def test_non_gpu_pod_is_untouched_and_not_even_sent(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
 ) -> None:
     ns = suite.namespace()
     before = main.admissions()
-    plain = pod("plain", resource=None)
+    plain = pod("plain", [objects.container()])
     must(create_pod(kube_api, ns, plain))
-    cpu_only = pod("cpu", resource="cpu")
+    cpu_only = pod("cpu", limits={"cpu": "1"})
     must(create_pod(kube_api, ns, cpu_only))
     assert_untouched(get_pod(kube_api, ns, "plain"))
     assert_untouched(get_pod(kube_api, ns, "cpu"))
@@ -267,16 +250,22 @@ def test_non_gpu_pod_is_untouched_and_not_even_sent(
 
 
 def test_match_conditions_select_gpu_init_containers_and_nvidia(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
 ) -> None:
     ns = suite.namespace()
     before = main.admissions(kind="Pod")
-    must(create_pod(kube_api, ns, pod("init-gpu", init_gpu=True)))
+    must(
+        create_pod(
+            kube_api,
+            ns,
+            pod("init-gpu", [objects.container()], init_containers=[objects.container("warmup", 1)]),
+        )
+    )
     stored = get_pod(kube_api, ns, "init-gpu")
     assert_iluvatar_injected(stored["spec"], stored["spec"]["initContainers"][0])
     # The main container asked for nothing: it gets no mounts or env.
     assert not stored["spec"]["containers"][0].get("volumeMounts")
-    must(create_pod(kube_api, ns, pod("nv", resource="nvidia.com/gpu")))
+    must(create_pod(kube_api, ns, pod("nv", limits={"nvidia.com/gpu": "1"})))
     stored = get_pod(kube_api, ns, "nv")
     assert stored["metadata"]["annotations"][INJECTED].startswith("nvidia@")
     container = stored["spec"]["containers"][0]
@@ -333,12 +322,12 @@ def tfjob_crd(kube_api: KubeAPI) -> str:
         ok = any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
         return ok and api(kube_api, "GET", "/apis/kubeflow.org/v1").ok()
 
-    wait_for("TFJob CRD established", established, 60)
+    wait_until(established, "TFJob CRD established", 60, interval=0.2)
     return "/apis/kubeflow.org/v1"
 
 
 def test_tfjob_gpu_replica_templates_only(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer, tfjob_crd: str
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess, tfjob_crd: str
 ) -> None:
     ns = suite.namespace(suite.privileged_tf)
     job = seed_tfjob("tf-smoke-gpu")
@@ -378,7 +367,7 @@ def test_tfjob_gpu_replica_templates_only(
 
 
 def test_opt_out_by_namespace_annotation_created_just_before(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
 ) -> None:
     skipped_before = main.admissions(kind="Pod", result="skipped")
     lookups_before = main.metric("ix_gpu_namespace_lookups_total")
@@ -394,7 +383,7 @@ def test_opt_out_by_namespace_annotation_created_just_before(
 
 
 def test_opt_out_by_namespace_label_never_calls_the_webhook(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
 ) -> None:
     before = main.admissions()
     ns = suite.namespace(labels={INJECT: "disabled"})
@@ -403,7 +392,7 @@ def test_opt_out_by_namespace_label_never_calls_the_webhook(
     assert main.admissions() == before  # excluded by the namespaceSelector
 
 
-def test_opt_out_by_pod_annotation(kube_api: KubeAPI, suite: Suite, main: WebhookServer) -> None:
+def test_opt_out_by_pod_annotation(kube_api: KubeAPI, suite: Suite, main: WebhookProcess) -> None:
     ns = suite.namespace()
     before = main.admissions(kind="Pod", result="skipped")
     must(create_pod(kube_api, ns, pod("gpu", annotations={INJECT: "disabled"})))
@@ -441,7 +430,7 @@ def test_cache_miss_path_with_a_get_only_identity(kube_api: KubeAPI, suite: Suit
     assert server.get("/readyz")[0] == 503
     suite.register(
         mutating_webhook_configuration(
-            f"e2e-ix-gpu-getter-{suite.token}", server.url, server.ca_bundle, suite.scope("getter")
+            f"e2e-ix-gpu-getter-{suite.token}", server.mutate_url, server.ca_bundle, suite.scope("getter")
         )
     )
     suite.wait_registered(suite.namespace(scope="getter"))
@@ -461,7 +450,7 @@ def test_cache_miss_path_with_a_get_only_identity(kube_api: KubeAPI, suite: Suit
 
 
 def test_server_side_dry_run_returns_mutation_and_stores_nothing(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
 ) -> None:
     ns = suite.namespace()
     before = main.admissions(kind="Pod", result="mutated")
@@ -478,7 +467,7 @@ def test_server_side_dry_run_returns_mutation_and_stores_nothing(
 
 
 def test_reinvocation_after_another_webhook_adds_a_gpu_container(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer, tmp_path: Path
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess, tmp_path: Path
 ) -> None:
     certs = generate_certs(tmp_path / "extra-certs")
     extra = ExtraContainerWebhook(certs / "tls.crt", certs / "tls.key").start()
@@ -496,7 +485,7 @@ def test_reinvocation_after_another_webhook_adds_a_gpu_container(
             resp = create_pod(kube_api, ns, pod(f"probe-{secrets.token_hex(3)}"), dry_run=True)
             return resp.ok() and SIDECAR_NAME in names(resp.body["spec"]["containers"])
 
-        wait_for("extra webhook effective", sidecar_added, 30)
+        wait_until(sidecar_added, "extra webhook effective", 30, interval=0.2)
         pod_calls = main.admissions(kind="Pod")
         must(create_pod(kube_api, ns, pod("reinvoked")))
         stored = get_pod(kube_api, ns, "reinvoked")
@@ -524,7 +513,7 @@ def test_failure_policy_with_the_webhook_stopped(kube_api: KubeAPI, suite: Suite
     server = suite.webhook("failure")
     name = suite.register(
         mutating_webhook_configuration(
-            f"e2e-ix-gpu-failure-{suite.token}", server.url, server.ca_bundle, suite.scope("failure"),
+            f"e2e-ix-gpu-failure-{suite.token}", server.mutate_url, server.ca_bundle, suite.scope("failure"),
             failure_policy="Fail",
         )
     )  # fmt: skip
@@ -538,7 +527,7 @@ def test_failure_policy_with_the_webhook_stopped(kube_api: KubeAPI, suite: Suite
     assert 'failed calling webhook "gpu.ix-gpu.io"' in message, message
     assert api(kube_api, "GET", f"{pods_path(ns)}/gpu-fail").status == 404
     # matchConditions: objects without GPU requests never depend on the webhook being up.
-    assert create_pod(kube_api, ns, pod("plain-fail", resource=None)).status == 201
+    assert create_pod(kube_api, ns, pod("plain-fail", [objects.container()])).status == 201
 
     must(
         api(
@@ -551,7 +540,7 @@ def test_failure_policy_with_the_webhook_stopped(kube_api: KubeAPI, suite: Suite
     admitted = create_pod(kube_api, ns, pod("gpu-ignore"))
     assert admitted.status == 201, admitted.body
     assert_untouched(get_pod(kube_api, ns, "gpu-ignore"))
-    assert create_pod(kube_api, ns, pod("plain-ignore", resource=None)).status == 201
+    assert create_pod(kube_api, ns, pod("plain-ignore", [objects.container()])).status == 201
     suite.unregister(name)
 
 
@@ -559,11 +548,11 @@ def test_failure_policy_with_the_webhook_stopped(kube_api: KubeAPI, suite: Suite
 
 
 def test_privileged_profile_in_a_baseline_namespace(
-    kube_api: KubeAPI, suite: Suite, main: WebhookServer
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
 ) -> None:
     ns = suite.namespace(suite.privileged_psa, labels={PSA_ENFORCE: "baseline"})
     # The real PSA admission enforces baseline here: an explicitly privileged Pod is rejected.
-    rejected = create_pod(kube_api, ns, pod("user-privileged", resource=None, privileged=True))
+    rejected = create_pod(kube_api, ns, pod("user-privileged", securityContext={"privileged": True}))
     assert rejected.status == 403 and "PodSecurity" in rejected.body["message"], rejected.body
 
     resp = create_pod(kube_api, ns, pod("gpu"))
@@ -586,25 +575,54 @@ def test_privileged_profile_in_a_baseline_namespace(
     assert host_path_volumes(stored["spec"]) == [ILUVATAR_DRIVER]
 
 
+def _restricted_compliant(body: dict[str, Any]) -> dict[str, Any]:
+    """What PSA ``restricted`` asks of every pod, so that only hostPath decides its verdict."""
+    body["spec"]["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    for container in body["spec"]["containers"]:
+        container["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    return body
+
+
+@pytest.mark.parametrize("level", ["privileged", "baseline", "restricted"])
+def test_pod_security_levels_agree_with_the_apiserver(
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess, level: str
+) -> None:
+    """For each enforce level, the real PodSecurity admission's verdict on a hostPath pod and the
+    webhook's decision to inject hostPath agree."""
+    ns = suite.namespace(labels={PSA_ENFORCE: level})
+    user_host_path = _restricted_compliant(pod("user-hostpath", [objects.container()]))
+    user_host_path["spec"]["volumes"] = [{"name": "h", "hostPath": {"path": "/tmp"}}]
+    verdict = create_pod(kube_api, ns, user_host_path, dry_run=True)
+    assert verdict.status in (201, 403), verdict.body
+    apiserver_rejects = verdict.status == 403 and "PodSecurity" in verdict.body.get("message", "")
+    assert apiserver_rejects is (level != "privileged"), verdict.body
+
+    resp = create_pod(kube_api, ns, _restricted_compliant(pod("gpu")), dry_run=True)
+    assert resp.status == 201, resp.body
+    assert resp.body["metadata"]["annotations"][INJECTED].startswith("iluvatar@")
+    injected_host_path = bool(host_path_volumes(resp.body["spec"]))
+    assert injected_host_path is not apiserver_rejects, (level, resp.warnings)
+
+
+@pytest.mark.parametrize("value", ["Restricted", "RESTRICTED", "Privileged", "", "latest", "v1.35"])
+def test_the_apiserver_refuses_namespaces_with_a_pod_security_label_that_is_not_a_level(
+    kube_api: KubeAPI, suite: Suite, value: str
+) -> None:
+    """Measured: PodSecurity admission validates Namespaces, so a value that is not exactly a level
+    cannot be set while it is enabled. Such a label can still exist (set before PodSecurity was
+    enabled, or where it is off); the webhook then reads it as PodSecurity would, as restricted
+    (tests/webhook/test_core_adversarial.py)."""
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"generateName": "e2e-psa-"}}
+    body["metadata"]["labels"] = {**suite.scope(), PSA_ENFORCE: value}
+    resp = api(kube_api, "POST", "/api/v1/namespaces", body)
+    assert resp.status == 422, resp.body
+    assert "must be one of privileged, baseline, restricted" in resp.body["message"]
+
+
 # --------------------------------------------------------------------------- apiserver restart
-
-
-def _review(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": namespace,
-            "name": body["metadata"]["name"],
-            "operation": "CREATE",
-            "userInfo": {"username": "e2e"},
-            "object": copy.deepcopy(body),
-            "dryRun": False,
-        },
-    }
 
 
 def _ready(kube: KubeAPI) -> bool:
@@ -626,14 +644,13 @@ def test_namespace_cache_survives_an_apiserver_restart(
     log_dir = suite.log_dir / f"restart-{suite.token}"
     log_dir.mkdir()
     private = start_kube_apiserver(k8s_binaries, etcd, tmp_path / "apiserver", log_dir)
-    server = WebhookServer("restart", suite.config, suite.certs, private.kubeconfig, suite.log_dir)
-    suite.webhooks.append(server)
+    server = suite.webhook_process("restart", private.kubeconfig)
     try:
-        server.start()
+        server.start(ready=True)
         before = suite.namespace(scope="restart")
 
         def decision(ns: str) -> str:
-            response = server.post_review(_review(ns, pod("gpu")))["response"]
+            response = server.post_review(review(pod("gpu"), namespace=ns))["response"]
             return "mutated" if response.get("patch") else "skipped"
 
         def hit_only(ns: str, expected: str) -> Callable[[], bool]:
@@ -646,7 +663,7 @@ def test_namespace_cache_survives_an_apiserver_restart(
 
             return check
 
-        wait_for("namespace in the watch cache", hit_only(before, "mutated"), 30)
+        wait_until(hit_only(before, "mutated"), "namespace in the watch cache", 30, interval=0.2)
         errors = server.metric("ix_gpu_namespace_cache_watch_errors_total")
         size = server.metric("ix_gpu_namespace_cache_size")
 
@@ -658,19 +675,22 @@ def test_namespace_cache_survives_an_apiserver_restart(
                  content_type="application/merge-patch+json"))  # fmt: skip
         during = suite.namespace(scope="restart", annotations={INJECT: "disabled"})
         private.process = start_process("kube-apiserver", list(private.process.popen.args), log_dir)  # type: ignore[arg-type]
-        wait_for("restarted apiserver /readyz", lambda: _ready(private), 120)
+        wait_until(lambda: _ready(private), "restarted apiserver /readyz", 120, interval=0.2)
 
         # The watch resumes (or re-lists) and the cache sees both changes without direct GETs
         # (a miss would GET and fill the cache, so wait on the cache's size, not on answers).
-        wait_for("opt-out seen after restart", hit_only(before, "skipped"), 60)
-        wait_for(
-            "new namespace in the cache", lambda: server.metric("ix_gpu_namespace_cache_size") > size, 30
+        wait_until(hit_only(before, "skipped"), "opt-out seen after restart", 60, interval=0.2)
+        wait_until(
+            lambda: server.metric("ix_gpu_namespace_cache_size") > size,
+            "new namespace in the cache",
+            30,
+            interval=0.2,
         )
         assert hit_only(during, "skipped")()
         assert server.metric("ix_gpu_namespace_cache_watch_errors_total") > errors
         # And it keeps watching: a change made after the restart arrives too.
         after = suite.namespace(scope="restart")
-        wait_for("new namespace after restart", hit_only(after, "mutated"), 30)
+        wait_until(hit_only(after, "mutated"), "new namespace after restart", 30, interval=0.2)
         assert server.get("/readyz")[0] == 200
     finally:
         server.stop()

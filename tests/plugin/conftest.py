@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugin.plugin_testkit import EXAMPLE_DEVICES
+from tests.support.paths import FAKE_DEVICES
 
 
 @pytest.fixture
@@ -27,5 +27,5 @@ def short_tmp() -> Iterator[Path]:
 def fake_devices(short_tmp: Path) -> Path:
     """A private copy of examples/fake-devices.yaml that a test may edit."""
     target = short_tmp / "devices.yaml"
-    shutil.copyfile(EXAMPLE_DEVICES, target)
+    shutil.copyfile(FAKE_DEVICES, target)
     return target

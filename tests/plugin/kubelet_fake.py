@@ -17,8 +17,9 @@ from typing import Any
 
 import grpc
 
-from plugin import deviceplugin_v1beta1_pb2 as pb
-from plugin import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from tests.support.waiting import wait_until_async
 
 
 @dataclass
@@ -119,17 +120,17 @@ class FakeKubelet:
         return pb_grpc.DevicePluginStub(self._channel)
 
     async def wait_for(self, predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(
-                    f"timed out after {timeout}s waiting for {what}; registrations={len(self.registrations)} "
-                    f"updates={[u.health for u in self.updates[-2:]]} errors={self.errors}"
-                )
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.1))
+        """Until ``predicate()`` holds; re-checked whenever the kubelet sees a change (else every 0.1 s)."""
+        await wait_until_async(
+            predicate,
+            what,
+            timeout,
+            wake=self._changed,
+            details=lambda: (
+                f"registrations={len(self.registrations)} "
+                f"updates={[u.health for u in self.updates[-2:]]} errors={self.errors}"
+            ),
+        )
 
     def last_update(self) -> Update:
         assert self.updates, "no ListAndWatch update yet"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_DEVICES = REPO / "examples" / "fake-devices.yaml"
 FAST_HEALTH = "health:\n  intervalSeconds: 0.1\n  recoverAfter: 3\n"
 
 

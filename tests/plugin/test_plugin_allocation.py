@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from devicemodel.plugin_config import ReplicaPolicy, parse_plugin_config
-from devicemodel.vendors import ILUVATAR, NVIDIA
-from plugin.allocation import AllocationError, allocate_container, preferred_allocation
-from plugin.device_list import DeviceList, build_device_list
-from plugin.discovery import Chip
+from ix_gpu.devicemodel.plugin_config import ReplicaPolicy, parse_plugin_config
+from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
+from ix_gpu.plugin.backends.base import Chip
+from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
+from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
 
 
 def chips(boards: int, per_board: int = 2, numa_of: tuple[int, ...] = (0, 0, 1, 1)) -> list[Chip]:
@@ -44,14 +44,16 @@ def test_stays_on_the_numa_node_of_must_include() -> None:
 
 def test_exhausted_pool_returns_what_exists_and_never_raises() -> None:
     devices = build_device_list(chips(1), splitboard=True, replicas=2)
+    # C0::1 is in mustInclude but not available: only available IDs may come back (issue 12).
     got = preferred_allocation(devices, ["C0::0", "unknown"], ["C0::1"], 4, ReplicaPolicy.SPREAD)
-    assert got == ["C0::1", "C0::0"]
+    assert got == ["C0::0"]
     assert preferred_allocation(devices, [], [], 2, ReplicaPolicy.PACK) == []
 
 
-def test_must_include_larger_than_size_is_kept_whole() -> None:
+def test_must_include_larger_than_size_is_cut_to_size() -> None:
     devices = build_device_list(chips(1), splitboard=True, replicas=1)
-    assert preferred_allocation(devices, ["C0", "C1"], ["C1", "C0"], 1, ReplicaPolicy.SPREAD) == ["C1", "C0"]
+    # Exactly allocation_size IDs, mustInclude first (issue 12; it used to return both).
+    assert preferred_allocation(devices, ["C0", "C1"], ["C1", "C0"], 1, ReplicaPolicy.SPREAD) == ["C1"]
 
 
 def test_replicas_spread_across_gpus_or_pack_onto_busy_ones() -> None:
@@ -67,7 +69,7 @@ def test_replicas_spread_across_gpus_or_pack_onto_busy_ones() -> None:
 
 
 def test_a_bug_falls_back_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
-    import plugin.allocation as allocation
+    import ix_gpu.plugin.devices.allocation as allocation
 
     def broken(*args: object) -> list[str]:
         raise RuntimeError("bug")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from devicemodel.vendors import ILUVATAR, NVIDIA
-from plugin.backend_devfs import DevfsBackend
-from plugin.backends import make_backend
-from plugin.device_list import build_device_list
-from plugin.discovery import BackendError
+from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
+from ix_gpu.plugin.backends import make_backend
+from ix_gpu.plugin.backends.base import BackendError
+from ix_gpu.plugin.backends.devfs import DevfsBackend
+from ix_gpu.plugin.devices.device_list import build_device_list
 
 HERE = Path(__file__).resolve().parent
 
@@ -195,7 +195,7 @@ class FakeNvml:
 
 
 def test_nvml_boards_numa_and_lost_gpu(tmp_path: Path) -> None:
-    from plugin.backend_nvml import NvmlBackend
+    from ix_gpu.plugin.backends.nvml import NvmlBackend
 
     dev = tmp_path / "sys/bus/pci/devices/0000:3c:00.0"
     dev.mkdir(parents=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from devicemodel.plugin_config import (
+from ix_gpu.devicemodel.plugin_config import (
     ConfigError,
     DeviceIdStrategy,
     ReplicaPolicy,

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from plugin.backend_fake import FakeBackend
-from plugin.device_list import build_device_list
-from plugin.discovery import BackendError, Chip, decode_ixml_health
-from tests.plugin.plugin_testkit import EXAMPLE_DEVICES
+from ix_gpu.plugin.backends.base import BackendError, Chip, decode_ixml_health
+from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.plugin.devices.device_list import build_device_list
+from tests.support.paths import FAKE_DEVICES
 
 
 def chip(uuid: str, minor: int, board: str, position: int, numa: int | None = 0) -> Chip:
@@ -47,7 +47,7 @@ def test_board_id_follows_position_not_enumeration_order() -> None:
     [(False, 1, 2), (True, 1, 4), (False, 4, 8), (True, 4, 16)],
 )
 def test_example_file_gives_the_seed_numbers(splitboard: bool, replicas: int, count: int) -> None:
-    chips = FakeBackend(EXAMPLE_DEVICES).chips()
+    chips = FakeBackend(FAKE_DEVICES).chips()
     assert len(chips) == 4
     devices = build_device_list(chips, splitboard=splitboard, replicas=replicas)
     assert len(devices.devices) == count

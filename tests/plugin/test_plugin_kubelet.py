@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import pytest
 
-from devicemodel.plugin_config import load_plugin_config
-from plugin import deviceplugin_v1beta1_pb2 as pb
-from plugin.app import PluginApp, PluginSettings
-from plugin.backend_fake import FakeBackend
+from ix_gpu.devicemodel.plugin_config import load_plugin_config
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
+from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 
@@ -167,7 +167,7 @@ def test_allocate_rejections_are_invalid_argument(short_tmp: Path, fake_devices:
             assert "failRequestsGreaterThanOne" in (info.value.details() or "")
             (ok,) = (await allocate(kubelet, [f"{UUID(2)}::1"])).container_responses
             assert ok.envs["IX_REPLICA_DEVICES"] == f"{UUID(2)}::1"
-            assert app.metrics.allocations.labels(result="rejected")._value.get() == 2
+            assert app.metrics.allocations.labels(result="error")._value.get() == 2
 
     run(scenario)
 
@@ -258,7 +258,7 @@ def test_config_hot_reload_and_invalid_config_kept(short_tmp: Path, fake_devices
             await kubelet.wait_for(lambda: len(kubelet.last_update().devices) == 4, what="4 devices")
             config.write_text(FAST_HEALTH + "sharing:\n  timeSlicing:\n    replicas: 0\n")
             await kubelet.wait_for(
-                lambda: app.metrics.config_reloads.labels(result="rejected")._value.get() == 1,
+                lambda: app.metrics.config_reloads.labels(result="error")._value.get() == 1,
                 what="rejection",
             )
             await asyncio.sleep(0.3)
@@ -325,7 +325,7 @@ def test_kubelet_restart_detected_without_inotify(
     short_tmp: Path, fake_devices: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The polling fallback (no inotify): own socket gone → serve and register again."""
-    from plugin.socket_watch import SocketWatch
+    from ix_gpu.plugin.server.socket_watch import SocketWatch
 
     def no_inotify(self: SocketWatch) -> None:
         self.using_inotify = False

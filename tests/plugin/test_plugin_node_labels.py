@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from devicemodel import labels
-from devicemodel.plugin_config import load_plugin_config
-from plugin.app import PluginApp, PluginSettings
-from plugin.backend_fake import FakeBackend
-from plugin.node_labels import ApiServer
+from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.plugin_config import load_plugin_config
+from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.runtime.kube import ApiServer
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 
 pytestmark = pytest.mark.timeout(30)

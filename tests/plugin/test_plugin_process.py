@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,42 +11,20 @@ from pathlib import Path
 import pytest
 
 from tests.plugin.kubelet_fake import FakeKubelet
-from tests.plugin.plugin_testkit import FAST_HEALTH, REPO, write_config
+from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
+from tests.support.cli import ix_gpu
+from tests.support.net import free_port
+from tests.support.plugin_process import PluginProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ix_gpu(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ix_gpu", *args]
-
-
-def start_plugin(base: Path, devices: Path, metrics_port: int = 0) -> subprocess.Popen[bytes]:
-    directory = base / "dp"
-    config = write_config(base, FAST_HEALTH)
-    return subprocess.Popen(
-        ix_gpu(
-            "plugin",
-            "--backend",
-            "fake",
-            "--fake-devices",
-            str(devices),
-            "--config",
-            str(config),
-            "--device-plugin-dir",
-            str(directory),
-            "--metrics-port",
-            str(metrics_port),
-        ),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+def start_plugin(base: Path, devices: Path, metrics_port: int = 0) -> PluginProcess:
+    """The plugin serving into ``base/dp`` with a 0.1 s health interval; its log is in ``base``."""
+    return PluginProcess(
+        base, base / "dp", devices.read_text(), FAST_HEALTH, base, metrics_port=metrics_port
+    ).start()
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:
@@ -70,7 +43,7 @@ def test_sigterm_sends_all_unhealthy_then_removes_socket(short_tmp: Path, fake_d
     async def scenario() -> tuple[int, str]:
         kubelet = FakeKubelet(directory)
         await kubelet.start()
-        proc = start_plugin(short_tmp, fake_devices, port)
+        plugin = start_plugin(short_tmp, fake_devices, port)
         try:
             await kubelet.wait_for(lambda: kubelet.updates, timeout=20, what="registration of the process")
             assert set(kubelet.last_update().health.values()) == {"Healthy"}
@@ -79,20 +52,18 @@ def test_sigterm_sends_all_unhealthy_then_removes_socket(short_tmp: Path, fake_d
             status, metrics = await asyncio.to_thread(http_get, port, "/metrics")
             assert status == 200
             assert 'ix_gpu_plugin_devices{health="Healthy"} 2.0' in metrics
-            assert 'ix_gpu_plugin_registrations_total{result="ok"} 1.0' in metrics
-            proc.send_signal(signal.SIGTERM)
+            assert 'ix_gpu_plugin_registrations_total{result="success"} 1.0' in metrics
+            plugin.popen.send_signal(signal.SIGTERM)
             await kubelet.wait_for(lambda: kubelet.stream_ends, timeout=10, what="stream end")
-            rc = await asyncio.to_thread(proc.wait, 10)
+            rc = await asyncio.to_thread(plugin.popen.wait, 10)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            plugin.stop()
             await kubelet.stop()
         final = kubelet.last_update()
         assert len(final.devices) == 2
         assert set(final.health.values()) == {"Unhealthy"}
         assert kubelet.errors == []  # the stream ended cleanly after the final update
-        assert proc.stdout is not None
-        return rc, proc.stdout.read().decode()
+        return rc, plugin.running.output()
 
     rc, log = asyncio.run(scenario())
     assert rc == 0, log
@@ -104,21 +75,20 @@ def test_healthz_reports_library_failure(short_tmp: Path, fake_devices: Path) ->
     (short_tmp / "dp").mkdir()
     port = free_port()
     fake_devices.write_text(fake_devices.read_text().replace("boards:", "libraryError: ixml gone\nboards:"))
-    proc = start_plugin(short_tmp, fake_devices, port)
+    plugin = start_plugin(short_tmp, fake_devices, port)
+
+    def healthz() -> tuple[int, str] | None:
+        try:
+            return http_get(port, "/healthz")
+        except (urllib.error.URLError, ConnectionError):
+            return None
+
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                status, body = http_get(port, "/healthz")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, "metrics port never opened"
-                time.sleep(0.1)
+        status, body = wait_until(healthz, "the metrics port to open", 20, process=plugin.running)
         assert status == 503
         assert "ixml gone" in body
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        plugin.terminate(10)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +101,7 @@ def test_healthz_reports_library_failure(short_tmp: Path, fake_devices: Path) ->
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], message: str) -> None:
-    result = subprocess.run(ix_gpu(*args), cwd=REPO, capture_output=True, text=True, timeout=30)
+    result = ix_gpu(*args, timeout=30)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -139,11 +109,14 @@ def test_usage_errors_exit_2_with_one_line(args: list[str], message: str) -> Non
 
 def test_bad_config_file_is_a_usage_error(short_tmp: Path, fake_devices: Path) -> None:
     config = write_config(short_tmp, "sharing:\n  timeSlicing:\n    replicas: -1\n")
-    result = subprocess.run(
-        ix_gpu("devices", "--backend", "fake", "--fake-devices", str(fake_devices), "--config", str(config)),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = ix_gpu(
+        "devices",
+        "--backend",
+        "fake",
+        "--fake-devices",
+        str(fake_devices),
+        "--config",
+        str(config),
         timeout=30,
     )
     assert result.returncode == 2
@@ -154,14 +127,14 @@ def test_devices_lists_what_would_be_advertised(short_tmp: Path, fake_devices: P
     config = write_config(
         short_tmp, "flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 2\n"
     )
-    result = subprocess.run(
-        ix_gpu("devices", "--backend", "fake", "--fake-devices", str(fake_devices), "--config", str(config)),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = ix_gpu(
+        "devices",
+        "--backend", "fake",
+        "--fake-devices", str(fake_devices),
+        "--config", str(config),
         timeout=30,
-        env={**os.environ, "COREX_HOME": "/nonexistent"},
-    )
+        env={"COREX_HOME": "/nonexistent"},
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "8 devices" in lines[0]

@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from plugin import deviceplugin_v1beta1_pb2 as pb
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
+from tests.support.paths import ROOT
 
-REPO = Path(__file__).resolve().parents[2]
+API = Path("ix_gpu", "plugin", "api")
 GENERATED = (
     "deviceplugin_v1beta1_pb2.py",
     "deviceplugin_v1beta1_pb2.pyi",
@@ -18,15 +19,13 @@ GENERATED = (
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
     subprocess.run(
-        ["bash", str(REPO / "scripts" / "gen_proto.sh"), str(tmp_path)],
+        ["bash", str(ROOT / "scripts" / "gen_proto.sh"), str(tmp_path)],
         check=True,
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
         capture_output=True,
     )
     stale = [
-        name
-        for name in GENERATED
-        if (tmp_path / "plugin" / name).read_bytes() != (REPO / "plugin" / name).read_bytes()
+        name for name in GENERATED if (tmp_path / API / name).read_bytes() != (ROOT / API / name).read_bytes()
     ]
     assert not stale, f"stale generated code, run scripts/gen_proto.sh: {stale}"
 

@@ -7,7 +7,6 @@ kubeconfig points at the namespace stand-in. Tests that reload files start their
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from tests.service.fake_apiserver import FakeApiServer
-from tests.service.webhook_process import WebhookProcess, generate_certs
+from tests.support.webhook_process import WebhookProcess, generate_certs
 
 # A short body timeout lets the slow-body test finish quickly; production default is 10 s.
 FAST = ["--reload-interval", "0.2", "--request-timeout", "1"]
@@ -29,9 +28,8 @@ def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def local_webhook(tmp_path_factory: pytest.TempPathFactory, cert_dir: Path) -> Iterator[WebhookProcess]:
     """No kubeconfig: namespace facts unknown."""
-    proc = WebhookProcess(tmp_path_factory.mktemp("local"), cert_dir, extra=FAST).start()
-    yield proc
-    proc.stop()
+    with WebhookProcess(tmp_path_factory.mktemp("local"), cert_dir, extra=FAST).start() as proc:
+        yield proc
 
 
 @pytest.fixture(scope="session")
@@ -59,17 +57,12 @@ def cluster_webhook(
 ) -> Iterator[WebhookProcess]:
     workdir = tmp_path_factory.mktemp("cluster")
     kubeconfig = cluster_api.write_kubeconfig(workdir / "kubeconfig")
-    proc = WebhookProcess(workdir, cert_dir, kubeconfig=kubeconfig, extra=FAST).start()
-    yield proc
-    proc.stop()
+    # Ready means the namespace cache has synced with the stand-in.
+    with WebhookProcess(workdir, cert_dir, kubeconfig=kubeconfig, extra=FAST).start(ready=True) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="session")
 def cluster_client(cluster_webhook: WebhookProcess) -> Iterator[httpx.Client]:
     with cluster_webhook.client() as client:
-        # Ready means the namespace cache has synced with the stand-in.
-        for _ in range(200):
-            if client.get("/readyz").status_code == 200:
-                break
-            time.sleep(0.05)
         yield client

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.reviews import apply_response, container, pod, review, tfjob
-from tests.service.webhook_process import WebhookProcess
 from tests.support.k8s_schema import validate, validate_pod_template
+from tests.support.objects import apply_response, container, gpu_tfjob, pod, review
+from tests.support.webhook_process import WebhookProcess
 
 INJECTED = "ix-gpu.io/injected"
 
@@ -86,29 +86,33 @@ CASES = [
     Case("pod-not-a-number", pod(containers=[container("main", "lots")]), allowed=False, decision="denied"),
     Case("pod-update", pod(), operation="UPDATE", old=pod(), reason_has="operation UPDATE"),
     Case("pod-delete", None, operation="DELETE", old=pod(), reason_has="operation DELETE"),
-    Case("tfjob-gpu", tfjob(), patched=True, decision="mutated", reason_has="injected nvidia@"),
-    Case("tfjob-gpu-dry-run", tfjob(), dry_run=True, patched=True, decision="mutated"),
-    Case("tfjob-no-gpu", tfjob(gpus=None), reason_has="no container requests"),
+    Case("tfjob-gpu", gpu_tfjob(), patched=True, decision="mutated", reason_has="injected nvidia@"),
+    Case("tfjob-gpu-dry-run", gpu_tfjob(), dry_run=True, patched=True, decision="mutated"),
+    Case("tfjob-no-gpu", gpu_tfjob(gpus=None), reason_has="no container requests"),
     Case(
         "tfjob-ns-annotation-opt-out",
-        tfjob(namespace="optout-ann"),
+        gpu_tfjob(namespace="optout-ann"),
         namespace="optout-ann",
         reason_has="opted out",
     ),
     Case(
         "tfjob-ns-label-opt-out",
-        tfjob(namespace="optout-label"),
+        gpu_tfjob(namespace="optout-label"),
         namespace="optout-label",
         reason_has="opted out",
     ),
     Case(
         "tfjob-excluded-namespace",
-        tfjob(namespace="kube-public"),
+        gpu_tfjob(namespace="kube-public"),
         namespace="kube-public",
         reason_has="excluded",
     ),
     Case(
-        "tfjob-invalid-quantity", tfjob(gpus="-1"), allowed=False, decision="denied", reason_has="tensorflow"
+        "tfjob-invalid-quantity",
+        gpu_tfjob(gpus="-1"),
+        allowed=False,
+        decision="denied",
+        reason_has="tensorflow",
     ),
     Case(
         "configmap-not-a-workload",
@@ -227,7 +231,7 @@ def test_metrics_count_results_by_kind(cluster_client: httpx.Client, cluster_web
     before = cluster_webhook.metric(
         "ix_gpu_admission_requests_total", cluster_client, kind="TFJob", operation="CREATE", result="denied"
     )
-    _post(cluster_client, review(tfjob(gpus="x")))
+    _post(cluster_client, review(gpu_tfjob(gpus="x")))
     after = cluster_webhook.metric(
         "ix_gpu_admission_requests_total", cluster_client, kind="TFJob", operation="CREATE", result="denied"
     )

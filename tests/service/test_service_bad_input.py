@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.reviews import pod, review
-from tests.service.webhook_process import WebhookProcess, ca_context
+from tests.support.objects import pod, review
+from tests.support.webhook_process import WebhookProcess, ca_context
 
 JSON = {"content-type": "application/json"}
 MiB = 1024 * 1024

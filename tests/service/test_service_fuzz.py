@@ -22,8 +22,8 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.service.reviews import container, pod, review, tfjob
-from tests.service.webhook_process import WebhookProcess, ca_context
+from tests.support.objects import container, gpu_tfjob, json_paths, pod, review
+from tests.support.webhook_process import WebhookProcess, ca_context
 
 BATCH = 10
 EXAMPLES = 2_000
@@ -94,22 +94,11 @@ def pod_like(draw: st.DrawFn) -> dict[str, Any]:
     return obj
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, child in value.items():
-            out += _paths(child, (*prefix, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            out += _paths(child, (*prefix, index))
-    return out
-
-
 @st.composite
 def damaged_review(draw: st.DrawFn) -> bytes:
     """A valid review with one field replaced by anything, or removed."""
-    body = review(draw(st.sampled_from([pod(), tfjob(), pod(containers=[container("x")])])))
-    path = draw(st.sampled_from(_paths(body)))
+    body = review(draw(st.sampled_from([pod(), gpu_tfjob(), pod(containers=[container("x")])])))
+    path = draw(st.sampled_from(json_paths(body)))
     target: Any = body
     for key in path[:-1]:
         target = target[key]
@@ -170,7 +159,7 @@ def _variant(seed: bytes, rng: random.Random) -> bytes:
         doc = json.loads(seed)
     except ValueError:
         return seed + bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
-    paths = _paths(doc)
+    paths = json_paths(doc)
     if not paths:
         return json.dumps(rng.choice(_ODD_VALUES)).encode()
     path = rng.choice(paths)

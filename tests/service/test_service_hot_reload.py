@@ -11,7 +11,6 @@ import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,13 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from devicemodel.webhook_config import default_config
+from ix_gpu.devicemodel.webhook_config import default_config
+from ix_gpu.webhook.service.certificates import CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE, issue_serving_cert
 from tests.service.conftest import FAST
-from tests.service.reviews import pod, review
-from tests.service.webhook_process import WebhookProcess, ca_context
-from webhook.certificates import CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE, issue_serving_cert
+from tests.support.files import write_atomic
+from tests.support.objects import pod, review
+from tests.support.waiting import wait_until
+from tests.support.webhook_process import WebhookProcess, ca_context
 
 REQUESTS = 2000
 BODY = json.dumps(review(pod())).encode()
@@ -80,10 +81,13 @@ class LoadLoop:
         self._thread.join(120)
 
     def wait_for(self, count: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while self.sent < count and self._thread.is_alive():
-            assert time.monotonic() < deadline, f"only {self.sent} requests in {timeout} s"
-            time.sleep(0.01)
+        wait_until(
+            lambda: self.sent >= count or not self._thread.is_alive(),
+            f"{count} requests",
+            timeout,
+            interval=0.01,
+            details=lambda: f"only {self.sent} sent",
+        )
 
     def finish(self) -> None:
         self.wait_for(self.minimum)
@@ -109,15 +113,6 @@ class LoadLoop:
                 self.sent += 1
 
 
-def _wait_metric(
-    webhook: WebhookProcess, name: str, value: float, timeout: float = 20, **labels: str
-) -> None:
-    deadline = time.monotonic() + timeout
-    while (current := webhook.metric(name, **labels)) < value:
-        assert time.monotonic() < deadline, f"{name}{labels} stayed at {current}, wanted {value}"
-        time.sleep(0.05)
-
-
 def _served_certificate(webhook: WebhookProcess, ca_file: Path) -> bytes:
     host, port = webhook.url.removeprefix("https://").rsplit(":", 1)
     with (
@@ -141,9 +136,8 @@ def secret_volume(tmp_path: Path, cert_dir: Path) -> SecretVolume:
 
 @pytest.fixture
 def rotating_webhook(tmp_path: Path, secret_volume: SecretVolume) -> Iterator[WebhookProcess]:
-    proc = WebhookProcess(tmp_path, secret_volume.root, extra=FAST).start()
-    yield proc
-    proc.stop()
+    with WebhookProcess(tmp_path, secret_volume.root, extra=FAST).start() as proc:
+        yield proc
 
 
 def _mutated(response: dict[str, Any]) -> str | None:
@@ -162,7 +156,7 @@ def test_certificate_rotation_under_load(
     with LoadLoop(rotating_webhook, _mutated, REQUESTS) as load:
         load.wait_for(REQUESTS // 4)
         secret_volume.update({CA_FILE: ca_cert, CERT_FILE: new_cert, KEY_FILE: new_key})
-        _wait_metric(rotating_webhook, "ix_gpu_cert_reloads_total", 1, result="success")
+        rotating_webhook.wait_for_metric("ix_gpu_cert_reloads_total", 1, result="success")
         at_reload = load.sent
         load.wait_for(at_reload + REQUESTS // 4)
         load.finish()
@@ -184,7 +178,7 @@ def test_broken_certificate_keeps_the_old_one(
     secret_volume.update(
         {CA_FILE: ca_cert, CERT_FILE: other_cert, KEY_FILE: (cert_dir / KEY_FILE).read_bytes()}
     )
-    _wait_metric(rotating_webhook, "ix_gpu_cert_reloads_total", 1, result="error")
+    rotating_webhook.wait_for_metric("ix_gpu_cert_reloads_total", 1, result="error")
     assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(old_cert)
     with rotating_webhook.client() as client:
         assert client.get("/readyz").json()["certs"]["lastError"]
@@ -194,7 +188,7 @@ def test_broken_certificate_keeps_the_old_one(
         )
 
     secret_volume.update({CA_FILE: ca_cert, CERT_FILE: other_cert, KEY_FILE: other_key})
-    _wait_metric(rotating_webhook, "ix_gpu_cert_reloads_total", 1, result="success")
+    rotating_webhook.wait_for_metric("ix_gpu_cert_reloads_total", 1, result="success")
     assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(other_cert)
     with rotating_webhook.client() as client:
         assert client.get("/readyz").json()["certs"]["lastError"] is None
@@ -212,15 +206,8 @@ def config_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def config_webhook(tmp_path: Path, cert_dir: Path, config_file: Path) -> Iterator[WebhookProcess]:
-    proc = WebhookProcess(tmp_path, cert_dir, config=config_file, extra=FAST).start()
-    yield proc
-    proc.stop()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with WebhookProcess(tmp_path, cert_dir, config=config_file, extra=FAST).start() as proc:
+        yield proc
 
 
 def test_config_reload_under_load(config_webhook: WebhookProcess, config_file: Path) -> None:
@@ -233,8 +220,8 @@ def test_config_reload_under_load(config_webhook: WebhookProcess, config_file: P
 
     with LoadLoop(config_webhook, expected, REQUESTS) as load:
         load.wait_for(REQUESTS // 4)
-        _write_atomically(config_file, "policy:\n  namespaceLookupFailure: maybe\n")
-        _wait_metric(config_webhook, "ix_gpu_config_reloads_total", 1, result="error")
+        write_atomic(config_file, "policy:\n  namespaceLookupFailure: maybe\n")
+        config_webhook.wait_for_metric("ix_gpu_config_reloads_total", 1, result="error")
         load.wait_for(load.sent + REQUESTS // 4)  # old behaviour kept meanwhile (checked per response)
 
         with config_webhook.client() as client:
@@ -245,8 +232,8 @@ def test_config_reload_under_load(config_webhook: WebhookProcess, config_file: P
         new_config = default_config().to_yaml().replace("- kube-node-lease", "- kube-node-lease\n  - team-a")
         assert new_config != default_config().to_yaml()
         accepted.add('namespace "team-a" is excluded by policy.excludedNamespaces')
-        _write_atomically(config_file, new_config)
-        _wait_metric(config_webhook, "ix_gpu_config_reloads_total", 1, result="success")
+        write_atomic(config_file, new_config)
+        config_webhook.wait_for_metric("ix_gpu_config_reloads_total", 1, result="success")
         at_reload = load.sent
         load.wait_for(at_reload + REQUESTS // 4)
         load.finish()
@@ -277,8 +264,8 @@ def test_invalid_config_at_startup_names_the_field(tmp_path: Path, cert_dir: Pat
 def test_empty_config_file_on_reload_keeps_the_old_one(
     config_webhook: WebhookProcess, config_file: Path
 ) -> None:
-    _write_atomically(config_file, "")
-    _wait_metric(config_webhook, "ix_gpu_config_reloads_total", 1, result="error")
+    write_atomic(config_file, "")
+    config_webhook.wait_for_metric("ix_gpu_config_reloads_total", 1, result="error")
     with config_webhook.client() as client:
         assert "empty" in client.get("/readyz").json()["config"]["lastError"]
         reason = client.post("/mutate", content=BODY, headers={"content-type": "application/json"}).json()

@@ -10,27 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ix_gpu.webhook.core.decision import NamespaceFacts
+from ix_gpu.webhook.service.metrics import ServiceMetrics
+from ix_gpu.webhook.service.namespace_cache import NamespaceCache, NamespaceLookupFailed, kubernetes_api
 from tests.service.conftest import FAST
 from tests.service.fake_apiserver import FakeApiServer
-from tests.service.reviews import container, pod, review
-from tests.service.webhook_process import WebhookProcess
-from webhook.decision import NamespaceFacts
-from webhook.metrics import ServiceMetrics
-from webhook.namespace_cache import NamespaceCache, NamespaceLookupFailed, kubernetes_api
+from tests.support.objects import container, pod, review
+from tests.support.waiting import wait_until
+from tests.support.webhook_process import WebhookProcess
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -90,19 +84,24 @@ def test_initial_list_fills_the_cache(
 
 def test_watch_applies_adds_changes_and_deletes(cache: NamespaceCache, api: FakeApiServer) -> None:
     api.put("new-team")
-    _eventually(lambda: cache.cached("new-team") is not None, what="ADDED")
+    wait_until(lambda: cache.cached("new-team") is not None, "ADDED", 10, interval=0.02)
     api.put("new-team", annotations={"ix-gpu.io/inject": "disabled"})
-    _eventually(lambda: (f := cache.cached("new-team")) is not None and bool(f.annotations), what="MODIFIED")
+    wait_until(
+        lambda: (f := cache.cached("new-team")) is not None and bool(f.annotations),
+        "MODIFIED",
+        10,
+        interval=0.02,
+    )
     api.delete("new-team")
-    _eventually(lambda: cache.cached("new-team") is None, what="DELETED")
+    wait_until(lambda: cache.cached("new-team") is None, "DELETED", 10, interval=0.02)
     assert api.count("get") == 0 and api.count("list") == 1
 
 
 def test_watch_continues_from_its_resource_version(cache: NamespaceCache, api: FakeApiServer) -> None:
     """A watch ended by the server (timeoutSeconds) is resumed, not replaced by a re-list."""
-    _eventually(lambda: api.count("watch") >= 3, timeout=10, what="two watch restarts")
+    wait_until(lambda: api.count("watch") >= 3, "two watch restarts", 10, interval=0.02)
     api.put("after-restarts")
-    _eventually(lambda: cache.cached("after-restarts") is not None, what="event after restarts")
+    wait_until(lambda: cache.cached("after-restarts") is not None, "event after restarts", 10, interval=0.02)
     assert api.count("list") == 1
     assert cache.staleness_seconds() < 3
 
@@ -113,29 +112,29 @@ def test_gone_event_triggers_a_relist(
     api.hold_events = True  # the watch falls behind ...
     api.put("missed")
     api.compact()  # ... and its history is compacted: 410 Gone
-    _eventually(lambda: cache.cached("missed") is not None, what="re-list after 410")
+    wait_until(lambda: cache.cached("missed") is not None, "re-list after 410", 10, interval=0.02)
     assert api.count("list") == 2
     assert _sample(metrics, "ix_gpu_namespace_cache_relists_total") == 2
     assert _sample(metrics, "ix_gpu_namespace_cache_watch_errors_total") == 0
     api.release_events()
     api.put("after-gone")
-    _eventually(lambda: cache.cached("after-gone") is not None, what="watching again")
+    wait_until(lambda: cache.cached("after-gone") is not None, "watching again", 10, interval=0.02)
 
 
 def test_http_410_on_watch_triggers_a_relist(cache: NamespaceCache, api: FakeApiServer) -> None:
     api.watch_gone_http = True
-    _eventually(lambda: api.count("list") == 2, timeout=10, what="re-list after HTTP 410")
+    wait_until(lambda: api.count("list") == 2, "re-list after HTTP 410", 10, interval=0.02)
     api.put("after-http-gone")
-    _eventually(lambda: cache.cached("after-http-gone") is not None, what="watching again")
+    wait_until(lambda: cache.cached("after-http-gone") is not None, "watching again", 10, interval=0.02)
 
 
 def test_errors_back_off_and_recover(
     cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
 ) -> None:
     api.fail_next = 3
-    _eventually(lambda: cache.status()["lastError"] is not None, timeout=10, what="an error")
+    wait_until(lambda: cache.status()["lastError"] is not None, "an error", 10, interval=0.02)
     api.put("during-outage")
-    _eventually(lambda: cache.cached("during-outage") is not None, timeout=10, what="recovery")
+    wait_until(lambda: cache.cached("during-outage") is not None, "recovery", 10, interval=0.02)
     assert _sample(metrics, "ix_gpu_namespace_cache_watch_errors_total") == 3
     assert cache.status()["lastError"] is None
     assert cache.ready()
@@ -192,7 +191,7 @@ def test_unreachable_api_server(cache: NamespaceCache, api: FakeApiServer, metri
     assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="failed") == 1
     # What was learned before keeps answering, and the staleness shows how old it is.
     assert _facts(cache, "optout").annotations == {"ix-gpu.io/inject": "disabled"}
-    _eventually(lambda: cache.staleness_seconds() > 2.5, timeout=10, what="staleness")
+    wait_until(lambda: cache.staleness_seconds() > 2.5, "staleness", 10, interval=0.02)
     assert _sample(metrics, "ix_gpu_namespace_cache_staleness_seconds") > 2.5
 
 
@@ -218,7 +217,7 @@ def test_lookup_failure_allows_unmodified_with_a_warning(tmp_path: Path, cert_di
     webhook = WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=FAST).start()
     try:
         with webhook.client() as client:
-            _eventually(lambda: client.get("/readyz").status_code == 200, what="ready")
+            wait_until(lambda: client.get("/readyz").status_code == 200, "ready", 10, interval=0.02)
         api.stop()
 
         cached = _post(webhook, review(pod(namespace="team-a"), namespace="team-a"))

@@ -1,3 +1,5 @@
+"""Paths of the checkout under test, so no suite has to count ``parents[...]`` from its own file."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +9,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
+FAKE_DEVICES = EXAMPLES / "fake-devices.yaml"
+"""The fake backend's devices file: two boards of two chips (the seed's two GPUs)."""
 WEBHOOK_FIXTURES = ROOT / "tests" / "webhook" / "fixtures"
 
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from devicemodel.webhook_config import default_config, load_config
+from ix_gpu.devicemodel.webhook_config import default_config, load_config
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from tests.support.paths import EXAMPLES
-from webhook.compiled_config import CompiledConfig
 
 
 @pytest.fixture(scope="session")

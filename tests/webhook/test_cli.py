@@ -4,29 +4,17 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
-from tests.support.paths import EXAMPLES, ROOT
-from webhook.certificates import serving_cert_sans
+from ix_gpu.webhook.service.certificates import serving_cert_sans
+from tests.support.cli import ix_gpu
+from tests.support.paths import EXAMPLES
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
-
-
-def ix_gpu(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ix_gpu", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
 
 
 def check_golden(name: str, text: str) -> None:

@@ -7,35 +7,15 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from devicemodel import labels
-from devicemodel.webhook_config import parse_config
+from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.webhook_config import parse_config
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
+from ix_gpu.webhook.core.mutation import mutate
 from tests.support.k8s_schema import validate
-from webhook.compiled_config import CompiledConfig
-from webhook.decision import Decision, NamespaceFacts
-from webhook.mutation import mutate
+from tests.support.objects import pod
 
 PSA = labels.PSA_ENFORCE
-
-
-def pod(
-    limits: dict[str, Any] | None = None,
-    requests: dict[str, Any] | None = None,
-    annotations: dict[str, str] | None = None,
-    pod_labels: dict[str, str] | None = None,
-    **container: Any,
-) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    metadata: dict[str, Any] = {"name": "p"}
-    if annotations:
-        metadata["annotations"] = annotations
-    if pod_labels:
-        metadata["labels"] = pod_labels
-    main = {"name": "main", "image": "img", "resources": resources, **container}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [main]}}
 
 
 GPU = {"iluvatar.com/gpu": 1}
@@ -45,43 +25,55 @@ DISABLED = {labels.INJECT: labels.INJECT_DISABLED}
 @pytest.mark.parametrize(
     ("name", "obj", "namespace", "decision", "reason_part"),
     [
-        ("gpu pod", pod(GPU), NamespaceFacts("team"), Decision.MUTATED, "injected iluvatar@"),
-        ("no gpu", pod({"cpu": "1"}), NamespaceFacts("team"), Decision.SKIPPED, "no container requests"),
-        ("zero gpus", pod({"iluvatar.com/gpu": 0}), NamespaceFacts("team"), Decision.SKIPPED, "no container"),
+        ("gpu pod", pod(limits=GPU), NamespaceFacts("team"), Decision.MUTATED, "injected iluvatar@"),
+        (
+            "no gpu",
+            pod(limits={"cpu": "1"}),
+            NamespaceFacts("team"),
+            Decision.SKIPPED,
+            "no container requests",
+        ),
+        (
+            "zero gpus",
+            pod(limits={"iluvatar.com/gpu": 0}),
+            NamespaceFacts("team"),
+            Decision.SKIPPED,
+            "no container",
+        ),
         (
             "ns annotation",
-            pod(GPU),
+            pod(limits=GPU),
             NamespaceFacts("team", annotations=DISABLED),
             Decision.SKIPPED,
             "opted out",
         ),
-        ("ns label", pod(GPU), NamespaceFacts("team", labels=DISABLED), Decision.SKIPPED, "opted out"),
+        ("ns label", pod(limits=GPU), NamespaceFacts("team", labels=DISABLED), Decision.SKIPPED, "opted out"),
         (
             "unknown ns cannot opt out",
-            pod(GPU),
+            pod(limits=GPU),
             NamespaceFacts.unknown("team"),
             Decision.MUTATED,
             "injected",
         ),
         (
             "pod annotation",
-            pod(GPU, annotations=DISABLED),
+            pod(limits=GPU, annotations=DISABLED),
             NamespaceFacts("team"),
             Decision.SKIPPED,
             "object opted",
         ),
         (
             "pod label",
-            pod(GPU, pod_labels=DISABLED),
+            pod(limits=GPU, labels=DISABLED),
             NamespaceFacts("team"),
             Decision.SKIPPED,
             "object opted",
         ),
-        ("kube-system", pod(GPU), NamespaceFacts("kube-system"), Decision.SKIPPED, "excluded"),
-        ("kube-node-lease", pod(GPU), NamespaceFacts("kube-node-lease"), Decision.SKIPPED, "excluded"),
+        ("kube-system", pod(limits=GPU), NamespaceFacts("kube-system"), Decision.SKIPPED, "excluded"),
+        ("kube-node-lease", pod(limits=GPU), NamespaceFacts("kube-node-lease"), Decision.SKIPPED, "excluded"),
         (
             "mirror pod",
-            pod(GPU, annotations={labels.MIRROR_POD: "abc"}),
+            pod(limits=GPU, annotations={labels.MIRROR_POD: "abc"}),
             NamespaceFacts("team"),
             Decision.SKIPPED,
             "mirror",
@@ -114,7 +106,7 @@ def test_skip_and_opt_out(
 
 @pytest.mark.parametrize("operation", ["UPDATE", "DELETE", "CONNECT"])
 def test_only_create_is_mutated(default_compiled: CompiledConfig, operation: str) -> None:
-    result = mutate(pod(GPU), operation, NamespaceFacts("team"), default_compiled)
+    result = mutate(pod(limits=GPU), operation, NamespaceFacts("team"), default_compiled)
     assert result.decision is Decision.SKIPPED and result.ops == []
 
 
@@ -144,7 +136,7 @@ def test_only_create_is_mutated(default_compiled: CompiledConfig, operation: str
 def test_invalid_quantities_are_denied_naming_container_and_resource(
     default_compiled: CompiledConfig, limits: Any, requests: Any, message: str
 ) -> None:
-    result = mutate(pod(limits, requests), "CREATE", NamespaceFacts("team"), default_compiled)
+    result = mutate(pod(limits=limits, requests=requests), "CREATE", NamespaceFacts("team"), default_compiled)
     assert result.decision is Decision.DENIED
     assert not result.allowed
     assert 'container "main"' in result.reason
@@ -153,12 +145,12 @@ def test_invalid_quantities_are_denied_naming_container_and_resource(
 
 @pytest.mark.parametrize("quantity", [1, "1", "2", "1e0", "+3", 4.0])
 def test_valid_quantities(default_compiled: CompiledConfig, quantity: Any) -> None:
-    obj = pod({"iluvatar.com/gpu": quantity}, {"iluvatar.com/gpu": quantity})
+    obj = pod(limits={"iluvatar.com/gpu": quantity}, requests={"iluvatar.com/gpu": quantity})
     assert mutate(obj, "CREATE", NamespaceFacts("team"), default_compiled).decision is Decision.MUTATED
 
 
 def test_invalid_quantity_of_other_resources_is_not_our_business(default_compiled: CompiledConfig) -> None:
-    obj = pod({"iluvatar.com/gpu": 1, "example.com/fpga": "1.5"})
+    obj = pod(limits={"iluvatar.com/gpu": 1, "example.com/fpga": "1.5"})
     assert mutate(obj, "CREATE", NamespaceFacts("team"), default_compiled).decision is Decision.MUTATED
 
 
@@ -192,7 +184,7 @@ def _privileged_config(mode: str, conflict_policy: str = "keep-user") -> Compile
 )
 def test_privileged_gating(mode: str, namespace: str, psa: str | None, known: bool, outcome: str) -> None:
     facts = NamespaceFacts(namespace, labels={PSA: psa} if psa else {}, known=known)
-    obj = pod(GPU)
+    obj = pod(limits=GPU)
     result = mutate(obj, "CREATE", facts, _privileged_config(mode))
     if outcome == "deny":
         assert result.decision is Decision.DENIED
@@ -215,7 +207,7 @@ def test_privileged_gating(mode: str, namespace: str, psa: str | None, known: bo
     ],
 )
 def test_privileged_respects_the_users_security_context(context: dict[str, Any], outcome: str) -> None:
-    obj = pod(GPU, securityContext=context)
+    obj = pod(limits=GPU, securityContext=context)
     result = mutate(obj, "CREATE", NamespaceFacts("gpu-a"), _privileged_config("allowed"))
     mutated = jsonpatch.apply_patch(obj, result.ops)
     got = mutated["spec"]["containers"][0]["securityContext"]
@@ -228,7 +220,7 @@ def test_privileged_respects_the_users_security_context(context: dict[str, Any],
 
 
 def test_psa_baseline_namespace_gets_no_host_path_volumes(default_compiled: CompiledConfig) -> None:
-    obj = pod(GPU)
+    obj = pod(limits=GPU)
     facts = NamespaceFacts("team", labels={PSA: "baseline"})
     result = mutate(obj, "CREATE", facts, default_compiled)
     mutated = jsonpatch.apply_patch(obj, result.ops)
@@ -270,7 +262,7 @@ def test_conflicts_keep_the_users_value_and_warn(
     container_extra: dict[str, Any],
     field: str,
 ) -> None:
-    obj = pod(GPU, **container_extra)
+    obj = pod(limits=GPU, **container_extra)
     obj["spec"].update(spec_extra)
     result = mutate(obj, "CREATE", NamespaceFacts("team"), default_compiled)
     assert result.decision is Decision.MUTATED
@@ -298,7 +290,7 @@ def test_conflict_policy_deny() -> None:
             }
         )
     )
-    obj = pod(GPU)
+    obj = pod(limits=GPU)
     obj["spec"]["nodeSelector"] = {"gpu": "other"}
     result = mutate(obj, "CREATE", NamespaceFacts("team"), config)
     assert result.decision is Decision.DENIED
@@ -326,7 +318,7 @@ def test_env_merge_modes() -> None:
         )
     )
     obj = pod(
-        GPU,
+        limits=GPU,
         env=[
             {"name": "LD_LIBRARY_PATH", "value": "/usr/lib"},
             {"name": "PATH", "value": "/bin:/usr/bin"},
@@ -349,7 +341,7 @@ def test_env_merge_modes() -> None:
 
 
 def test_gpu_type_annotation_becomes_required_node_affinity(default_compiled: CompiledConfig) -> None:
-    obj = pod(GPU, annotations={labels.GPU_TYPE: "Iluvatar BI-V150, MR-V100"})
+    obj = pod(limits=GPU, annotations={labels.GPU_TYPE: "Iluvatar BI-V150, MR-V100"})
     obj["spec"]["affinity"] = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -382,7 +374,7 @@ def test_keys_with_slash_and_tilde_are_escaped() -> None:
             }
         )
     )
-    obj = pod(GPU)
+    obj = pod(limits=GPU)
     obj["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux"}
     result = mutate(obj, "CREATE", NamespaceFacts("team"), config)
     assert {"op": "add", "path": "/spec/nodeSelector/ix-gpu.io~1a~0b", "value": "1"} in result.ops
@@ -407,7 +399,7 @@ def test_init_containers_and_glob_profiles() -> None:
             }
         )
     )
-    obj = pod({"cpu": "1"})
+    obj = pod(limits={"cpu": "1"})
     obj["spec"]["initContainers"] = [
         {"name": "warm", "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}}}
     ]

@@ -17,12 +17,12 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devicemodel import labels
-from devicemodel.webhook_config import default_config, parse_config
+from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.webhook_config import default_config, parse_config
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
+from ix_gpu.webhook.core.mutation import mutate
 from tests.support.k8s_schema import validate, validate_pod_template
-from webhook.compiled_config import CompiledConfig
-from webhook.decision import Decision, NamespaceFacts
-from webhook.mutation import mutate
 
 EXAMPLES = int(os.environ.get("IX_GPU_PROPERTY_EXAMPLES", "2000"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

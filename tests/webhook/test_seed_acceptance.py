@@ -7,12 +7,12 @@ from typing import Any
 
 import jsonpatch
 
-from devicemodel import labels
+from ix_gpu.devicemodel import labels
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
+from ix_gpu.webhook.core.mutation import mutate
 from tests.support.k8s_schema import validate, validate_pod_template
 from tests.support.paths import EXAMPLES, WEBHOOK_FIXTURES, load_yaml
-from webhook.compiled_config import CompiledConfig
-from webhook.decision import Decision, NamespaceFacts
-from webhook.mutation import mutate
 
 
 def _apply(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:

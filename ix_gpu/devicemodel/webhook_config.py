@@ -1,0 +1,338 @@
+"""The cluster operator's webhook configuration: profiles, workloads and policy.
+
+A *profile* says what a container that asks for a matching GPU resource gets (driver volumes,
+env, privileged, scheduling). *Workloads* say which kinds are mutated and where their pod templates
+live, so new CRDs are supported by configuration alone. *Policy* holds opt-outs and gating.
+
+The built-in default (:func:`default_config`) is derived from :mod:`ix_gpu.devicemodel.vendors`, so the
+facts about a vendor are written once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, field_validator, model_validator
+
+from ix_gpu.devicemodel.schema_base import ConfigError, StrictModel, load_yaml_file, parse_document
+from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
+
+API_VERSION: Literal["ix-gpu.io/v1alpha1"] = "ix-gpu.io/v1alpha1"
+KIND: Literal["WebhookConfig"] = "WebhookConfig"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9*?][-A-Za-z0-9_.*?/]*$")
+_PATH_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[\*\])?$|^\*$")
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class HostPathType(StrEnum):
+    """``hostPath.type`` as Kubernetes spells it (empty string is the unchecked default)."""
+
+    UNSET = ""
+    DIRECTORY_OR_CREATE = "DirectoryOrCreate"
+    DIRECTORY = "Directory"
+    FILE_OR_CREATE = "FileOrCreate"
+    FILE = "File"
+    SOCKET = "Socket"
+    CHAR_DEVICE = "CharDevice"
+    BLOCK_DEVICE = "BlockDevice"
+
+
+class HostPathVolume(StrictModel):
+    """A hostPath volume plus where it is mounted in each GPU container."""
+
+    name: NonEmpty
+    host_path: NonEmpty
+    type: HostPathType | None = None
+    mount_path: NonEmpty
+    read_only: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_dns_label(cls, value: str) -> str:
+        if len(value) > 63 or not _DNS_LABEL.match(value):
+            raise ValueError("must be a DNS label (lowercase letters, digits and '-', at most 63)")
+        return value
+
+    @field_validator("host_path", "mount_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return value
+
+
+class EnvMode(StrEnum):
+    SET_IF_ABSENT = "set-if-absent"
+    """Add the variable only if the container does not define it (the user wins)."""
+    PREPEND_PATH = "prepend-path"
+    """Treat the value as a ``:``-separated list and put ours first unless already present."""
+    APPEND_PATH = "append-path"
+    """As prepend-path, but ours goes last."""
+    OVERRIDE = "override"
+    """Always set our value."""
+
+
+class EnvVar(StrictModel):
+    name: NonEmpty
+    value: str
+    mode: EnvMode = EnvMode.SET_IF_ABSENT
+
+
+class DeviceNodes(StrictModel):
+    """Device-node hostPath mounts: the seed's recipe for clusters *without* a device plugin.
+
+    Off by default: a device plugin's Allocate already gives a container exactly its GPUs, and
+    mounting every ``/dev/nvidia*`` by hostPath would let it see GPUs it was not allocated.
+    """
+
+    inject: bool = False
+    volumes: tuple[HostPathVolume, ...] = ()
+
+
+class Privileged(StrEnum):
+    NEVER = "never"
+    ALLOWED = "allowed"
+    """Set ``privileged: true`` where policy permits, otherwise skip with a warning."""
+    REQUIRED = "required"
+    """Deny the object where ``privileged: true`` cannot be granted."""
+
+
+class NodeSelectorRequirement(StrictModel):
+    key: NonEmpty
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_match_operator(self) -> NodeSelectorRequirement:
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Gt", "Lt") and len(self.values) != 1:
+            raise ValueError(f"operator {self.operator} needs exactly one value")
+        return self
+
+    def to_k8s(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "operator": self.operator}
+        if self.values:
+            out["values"] = list(self.values)
+        return out
+
+
+class Affinity(StrictModel):
+    required_node_expressions: tuple[NodeSelectorRequirement, ...] = ()
+    """ANDed into every term of the pod's required node affinity (a new term when it has none)."""
+
+
+class Toleration(StrictModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("an empty key needs operator Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
+
+    def to_k8s(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class Profile(StrictModel):
+    """What a container asking for a matching GPU resource gets."""
+
+    name: NonEmpty
+    resources: tuple[NonEmpty, ...] = Field(min_length=1)
+    """Resource names, exact or glob (``nvidia.com/mig-*``)."""
+    volumes: tuple[HostPathVolume, ...] = ()
+    device_nodes: DeviceNodes = DeviceNodes()
+    env: tuple[EnvVar, ...] = ()
+    privileged: Privileged = Privileged.NEVER
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    affinity: Affinity = Affinity()
+    tolerations: tuple[Toleration, ...] = ()
+    runtime_class_name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _profile_name(cls, value: str) -> str:
+        if not _DNS_LABEL.match(value):
+            raise ValueError("must be lowercase letters, digits and '-'")
+        return value
+
+    @field_validator("resources")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if not _RESOURCE_PATTERN.match(pattern):
+                raise ValueError(f"{pattern!r} is not a resource name or glob")
+        return value
+
+    @model_validator(mode="after")
+    def _unique(self) -> Profile:
+        mounts = self.all_volumes()
+        _require_unique("volume name", [v.name for v in mounts])
+        _require_unique("volume mountPath", [v.mount_path for v in mounts])
+        _require_unique("env name", [e.name for e in self.env])
+        return self
+
+    def all_volumes(self) -> tuple[HostPathVolume, ...]:
+        """Volumes to inject: driver volumes, plus device nodes when the operator turned them on."""
+        return self.volumes + (self.device_nodes.volumes if self.device_nodes.inject else ())
+
+    def matches(self, resource: str) -> bool:
+        return any(fnmatch.fnmatchcase(resource, pattern) for pattern in self.resources)
+
+
+class Workload(StrictModel):
+    """A kind the webhook mutates and where its pod templates are."""
+
+    api_version: NonEmpty
+    """Exact (``kubeflow.org/v1``) or glob (``kubeflow.org/*``)."""
+    kind: NonEmpty
+    template_paths: tuple[NonEmpty, ...] = Field(min_length=1)
+    """Dotted paths to PodTemplateSpecs: ``spec.tfReplicaSpecs.*.template`` (``*`` = every map key),
+    ``spec.replica_specs[*].template`` (``[*]`` = every list item), or ``.`` for a Pod itself."""
+
+    @field_validator("template_paths")
+    @classmethod
+    def _paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if path == ".":
+                continue
+            if not all(_PATH_SEGMENT.match(seg) for seg in path.split(".")):
+                raise ValueError(f"{path!r}: segments are names, '*' or name[*], joined by '.'")
+        return value
+
+
+class NamespaceLookupFailure(StrEnum):
+    ALLOW_UNMODIFIED = "allow-unmodified"
+    DENY = "deny"
+
+
+class ConflictPolicy(StrEnum):
+    KEEP_USER = "keep-user"
+    """Keep the user's value and warn, naming the field (default)."""
+    DENY = "deny"
+
+
+class Policy(StrictModel):
+    excluded_namespaces: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
+    privileged_namespaces: tuple[str, ...] = ()
+    """Namespaces where a profile with ``privileged: allowed|required`` may set privileged."""
+    conflict_policy: ConflictPolicy = ConflictPolicy.KEEP_USER
+    namespace_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.ALLOW_UNMODIFIED
+    """What the service does when it cannot learn a namespace's annotations and labels."""
+
+
+def _builtin_workloads() -> tuple[Workload, ...]:
+    return (
+        Workload(api_version="v1", kind="Pod", template_paths=(".",)),
+        Workload(
+            api_version="kubeflow.org/v1", kind="TFJob", template_paths=("spec.tfReplicaSpecs.*.template",)
+        ),
+        # The TfJob of the seed discussion (tf-operator, 2017).
+        Workload(
+            api_version="mlkube.io/v1beta1", kind="TfJob", template_paths=("spec.replica_specs[*].template",)
+        ),
+    )
+
+
+class WebhookConfig(StrictModel):
+    api_version: Literal["ix-gpu.io/v1alpha1"] = API_VERSION
+    kind: Literal["WebhookConfig"] = KIND
+    profiles: tuple[Profile, ...] = Field(default_factory=lambda: default_profiles())
+    workloads: tuple[Workload, ...] = Field(default_factory=_builtin_workloads)
+    """Replaces the built-in list when given: start from ``ix-gpu config default``."""
+    policy: Policy = Policy()
+
+    @model_validator(mode="after")
+    def _unique(self) -> WebhookConfig:
+        _require_unique("profile name", [p.name for p in self.profiles])
+        _require_unique("workload", [f"{w.api_version} {w.kind}" for w in self.workloads])
+        return self
+
+    def to_yaml(self) -> str:
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+def _require_unique(what: str, values: list[str]) -> None:
+    seen: set[str] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"duplicate {what} {value!r}")
+        seen.add(value)
+
+
+def vendor_profile(vendor: Vendor) -> Profile:
+    """The built-in profile for a vendor: driver libraries, env and scheduling, nothing privileged."""
+    driver = HostPathVolume(
+        name=f"ix-gpu-{vendor.name}-driver",
+        host_path=vendor.driver_root,
+        type=HostPathType.DIRECTORY,
+        mount_path=vendor.driver_root,
+        read_only=True,
+    )
+    nodes = (vendor.device_node(0), *vendor.control_nodes)
+    device_volumes = tuple(
+        HostPathVolume(
+            name="ix-gpu-dev-" + path.removeprefix("/dev/").replace("_", "-"),
+            host_path=path,
+            type=HostPathType.CHAR_DEVICE,
+            mount_path=path,
+        )
+        for path in nodes
+    )
+    return Profile(
+        name=vendor.name,
+        resources=(vendor.resource_name,),
+        volumes=(driver,),
+        device_nodes=DeviceNodes(inject=False, volumes=device_volumes),
+        env=(EnvVar(name="LD_LIBRARY_PATH", value=vendor.library_dir, mode=EnvMode.PREPEND_PATH),),
+        # GPU nodes are commonly tainted with their resource name; tolerate that taint only.
+        tolerations=(Toleration(key=vendor.resource_name, operator="Exists", effect="NoSchedule"),),
+    )
+
+
+def default_profiles() -> tuple[Profile, ...]:
+    return (vendor_profile(ILUVATAR), vendor_profile(NVIDIA))
+
+
+def default_config() -> WebhookConfig:
+    return WebhookConfig()
+
+
+def parse_config(data: Any, source: str = "config") -> WebhookConfig:
+    return parse_document(WebhookConfig, data, source)
+
+
+def load_config(path: str | Path | None) -> WebhookConfig:
+    """The config at ``path``, or the built-in default when ``path`` is None."""
+    if path is None:
+        return default_config()
+    return load_yaml_file(WebhookConfig, path)
+
+
+__all__ = [
+    "ConfigError",
+    "WebhookConfig",
+    "default_config",
+    "load_config",
+    "parse_config",
+]

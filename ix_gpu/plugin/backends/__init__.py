@@ -1,0 +1,53 @@
+"""Discovery backends behind one interface (:mod:`.base`), and choosing one.
+
+``ixml`` (libixml via ctypes), ``nvml`` (pynvml), ``devfs`` (device nodes and sysfs only) and
+``fake`` (a YAML file). ``auto`` tries ixml, then nvml, then devfs. Each backend module is imported
+only when chosen, so a node without NVML never imports pynvml. Backends may import
+:mod:`ix_gpu.devicemodel` and :mod:`ix_gpu.runtime`, never the server or the device list.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ix_gpu.plugin.backends.base import Backend, BackendError
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "ixml", "nvml", "devfs", "fake")
+
+
+def make_backend(kind: str, *, fake_devices: Path | None = None, root: Path = Path("/")) -> Backend:
+    """Build the backend; :class:`BackendError` says why it cannot start (library missing...)."""
+    if kind == "fake":
+        if fake_devices is None:
+            raise ValueError("--backend fake needs --fake-devices FILE")
+        from ix_gpu.plugin.backends.fake import FakeBackend
+
+        return FakeBackend(fake_devices)
+    if kind == "ixml":
+        from ix_gpu.plugin.backends.ixml import IxmlBackend
+
+        return IxmlBackend(root=root)
+    if kind == "nvml":
+        from ix_gpu.plugin.backends.nvml import NvmlBackend
+
+        return NvmlBackend(root=root)
+    if kind == "devfs":
+        from ix_gpu.plugin.backends.devfs import DevfsBackend
+
+        return DevfsBackend(root=root)
+    if kind == "auto":
+        reasons = []
+        for candidate in ("ixml", "nvml"):
+            try:
+                backend = make_backend(candidate, root=root)
+            except BackendError as exc:
+                reasons.append(f"{candidate}: {exc}")
+                continue
+            log.info("backend auto: using %s", candidate)
+            return backend
+        log.info("backend auto: no management library (%s); using devfs", "; ".join(reasons))
+        return make_backend("devfs", root=root)
+    raise ValueError(f"unknown backend {kind!r}; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,106 @@
+"""What the plugin needs to know about GPU chips, and the one interface every backend implements.
+
+The servicer, the device-list builder and the health tracker depend only on this module — never on
+libixml, NVML or sysfs — so each backend is testable alone and the gRPC side is testable with the
+``fake`` backend (NVIDIA splits ``internal/rm`` from ``server.go`` for the same reason).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from ix_gpu.devicemodel.vendors import Vendor
+
+# ixmlDeviceGetHealth bits, in the order the vendor header defines them.
+IXML_HEALTH_BITS: tuple[tuple[int, str], ...] = (
+    (0x01, "SYSHUB error"),
+    (0x02, "memory-controller error"),
+    (0x04, "over temperature"),
+    (0x08, "over voltage"),
+    (0x10, "ECC error"),
+    (0x20, "memory error"),
+    (0x40, "PCIe error"),
+)
+
+
+def decode_ixml_health(mask: int) -> str:
+    """Turn the health bitmask into words for logs and ``ix-gpu devices``; ``""`` when healthy."""
+    if mask == 0:
+        return ""
+    words = [name for bit, name in IXML_HEALTH_BITS if mask & bit]
+    unknown = mask & ~sum(bit for bit, _ in IXML_HEALTH_BITS)
+    if unknown:
+        words.append(f"unknown bits 0x{unknown:x}")
+    return f"{', '.join(words)} (health 0x{mask:x})"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One GPU chip as a backend sees it at one moment (a BI-V150 board carries two)."""
+
+    uuid: str
+    index: int
+    """The management library's enumeration index (what ``deviceIdStrategy: index`` exposes)."""
+    minor: int
+    """Device-node minor: the chip is ``/dev/iluvatar<minor>``."""
+    board_id: str
+    """Equal for chips on the same board; opaque."""
+    board_position: int
+    """0 for the board's first chip: its UUID names the board when boards are not split."""
+    product: str
+    memory_mib: int
+    numa_node: int | None
+    unhealthy_reason: str = ""
+    """Empty when healthy; otherwise why not (decoded bitmask, library error...)."""
+
+    @property
+    def healthy(self) -> bool:
+        return not self.unhealthy_reason
+
+
+class BackendError(RuntimeError):
+    """The management library (or the file standing in for it) failed; the message says how."""
+
+
+class Backend(Protocol):
+    """A discovery backend: the source of chips. ``chips()`` is called once per health interval,
+    so it both discovers (chips may appear or vanish) and reports health; it raises
+    :class:`BackendError` when it cannot tell at all, which is different from "a chip is
+    unhealthy"."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def vendor(self) -> Vendor: ...
+
+    def chips(self) -> list[Chip]: ...
+
+    def control_nodes(self) -> tuple[str, ...]:
+        """Host paths of the vendor's control nodes that exist (e.g. ``/dev/itrctl`` on newer
+        drivers); every container that gets a GPU gets these too."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# -- what every backend reads from the host the same way -------------------------------------------
+
+PCI_DEVICES = Path("sys/bus/pci/devices")
+"""Relative to the host root: backends take ``--root`` so tests can point them at a fake tree."""
+
+
+def numa_node(pci_device_dir: Path) -> int | None:
+    """The NUMA node sysfs reports for a PCI device; None when unknown (sysfs writes -1 then)."""
+    try:
+        value = int((pci_device_dir / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def existing_control_nodes(root: Path, vendor: Vendor) -> tuple[str, ...]:
+    """The vendor's control nodes that exist under ``root`` (drivers differ in which they create)."""
+    return tuple(path for path in vendor.control_nodes if (root / path.lstrip("/")).exists())

@@ -1,0 +1,260 @@
+"""The ``ixml`` backend: Iluvatar's management library ``libixml.so`` through ctypes.
+
+libixml exports NVML's C names (``nvmlInit_v2``, ``nvmlDeviceGetUUID``, ...) plus Iluvatar
+additions, of which we use ``ixmlDeviceGetBoardPosition`` (which chip names a board) and
+``ixmlDeviceGetHealth`` (a bitmask, decoded by :func:`ix_gpu.plugin.backends.base.decode_ixml_health`).
+ctypes rather than a compiled extension keeps the image free of a toolchain and lets the tests
+load a gcc-built stand-in through exactly this code path.
+
+Static facts (UUID, minor, board) are cached per index, so a chip whose queries start failing
+mid-run is still reported — as Unhealthy, with the library's error — instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ix_gpu.devicemodel.vendors import ILUVATAR, Vendor
+from ix_gpu.plugin.backends.base import (
+    PCI_DEVICES,
+    BackendError,
+    Chip,
+    decode_ixml_health,
+    existing_control_nodes,
+    numa_node,
+)
+
+log = logging.getLogger(__name__)
+
+LIBRARY = "libixml.so"
+NVML_SUCCESS = 0
+_BUFFER = 96
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _PciInfo(ctypes.Structure):
+    _fields_ = [
+        ("busIdLegacy", ctypes.c_char * 16),
+        ("domain", ctypes.c_uint),
+        ("bus", ctypes.c_uint),
+        ("device", ctypes.c_uint),
+        ("pciDeviceId", ctypes.c_uint),
+        ("pciSubSystemId", ctypes.c_uint),
+        ("busId", ctypes.c_char * 32),
+    ]
+
+
+def library_candidates() -> list[str]:
+    """Where libixml is looked for, in order: ``$COREX_HOME/lib64``, the default CoreX install,
+    then the dynamic loader's own search (LD_LIBRARY_PATH, ldconfig cache)."""
+    out = []
+    corex_home = os.environ.get("COREX_HOME")
+    if corex_home:
+        out.append(str(Path(corex_home) / "lib64" / LIBRARY))
+    out.append(str(Path(ILUVATAR.library_dir) / LIBRARY))
+    out.append(LIBRARY)
+    return out
+
+
+def load_library() -> ctypes.CDLL:
+    errors = []
+    for candidate in library_candidates():
+        if os.sep in candidate and not os.path.exists(candidate):
+            errors.append(f"{candidate}: not found")
+            continue
+        try:
+            return ctypes.CDLL(candidate)
+        except OSError as exc:
+            errors.append(f"{candidate}: {exc}")
+    raise BackendError(f"cannot load {LIBRARY} ({'; '.join(errors)})")
+
+
+class IxmlBackend:
+    name = "ixml"
+
+    def __init__(self, root: Path = Path("/"), library: ctypes.CDLL | None = None) -> None:
+        self.root = root
+        self._lib = library or load_library()
+        self._bind()
+        self._check("nvmlInit_v2", self._lib.nvmlInit_v2())
+        self._static: dict[int, Chip] = {}
+        self._boards: dict[tuple[str, ...], dict[str, tuple[str, int]]] = {}
+
+    @property
+    def vendor(self) -> Vendor:
+        return ILUVATAR
+
+    def _bind(self) -> None:
+        lib = self._lib
+        handle_p = ctypes.POINTER(ctypes.c_void_p)
+        uint_p = ctypes.POINTER(ctypes.c_uint)
+        signatures: dict[str, list[Any]] = {
+            "nvmlInit_v2": [],
+            "nvmlShutdown": [],
+            "nvmlDeviceGetCount_v2": [uint_p],
+            "nvmlDeviceGetHandleByIndex_v2": [ctypes.c_uint, handle_p],
+            "nvmlDeviceGetUUID": [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint],
+            "nvmlDeviceGetName": [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint],
+            "nvmlDeviceGetMinorNumber": [ctypes.c_void_p, uint_p],
+            "nvmlDeviceGetMemoryInfo": [ctypes.c_void_p, ctypes.POINTER(_Memory)],
+            "nvmlDeviceGetPciInfo": [ctypes.c_void_p, ctypes.POINTER(_PciInfo)],
+        }
+        optional: dict[str, list[Any]] = {
+            "nvmlDeviceOnSameBoard": [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)],
+            "ixmlDeviceGetBoardPosition": [ctypes.c_void_p, uint_p],
+            "ixmlDeviceGetHealth": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)],
+        }
+        missing = []
+        for name, argtypes in {**signatures, **optional}.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                if name in signatures:
+                    missing.append(name)
+                continue
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+        if missing:
+            raise BackendError(f"{LIBRARY} lacks {', '.join(missing)}")
+        try:
+            lib.nvmlErrorString.argtypes = [ctypes.c_int]
+            lib.nvmlErrorString.restype = ctypes.c_char_p
+        except AttributeError:
+            pass
+        self._has = {name: hasattr(lib, name) for name in optional}
+
+    def _error(self, code: int) -> str:
+        try:
+            text = self._lib.nvmlErrorString(code)
+        except AttributeError:
+            text = None
+        return f"{text.decode(errors='replace') if text else 'error'} (code {code})"
+
+    def _check(self, what: str, code: int) -> None:
+        if code != NVML_SUCCESS:
+            raise BackendError(f"{what}: {self._error(code)}")
+
+    def _call(self, what: str, fn: Callable[..., int], *args: Any) -> None:
+        self._check(what, fn(*args))
+
+    def _read_chip(self, index: int) -> tuple[Chip, ctypes.c_void_p]:
+        lib = self._lib
+        handle = ctypes.c_void_p()
+        self._call(
+            "nvmlDeviceGetHandleByIndex_v2", lib.nvmlDeviceGetHandleByIndex_v2, index, ctypes.byref(handle)
+        )
+        uuid = ctypes.create_string_buffer(_BUFFER)
+        self._call("nvmlDeviceGetUUID", lib.nvmlDeviceGetUUID, handle, uuid, _BUFFER)
+        name = ctypes.create_string_buffer(_BUFFER)
+        self._call("nvmlDeviceGetName", lib.nvmlDeviceGetName, handle, name, _BUFFER)
+        minor = ctypes.c_uint()
+        self._call("nvmlDeviceGetMinorNumber", lib.nvmlDeviceGetMinorNumber, handle, ctypes.byref(minor))
+        memory = _Memory()
+        self._call("nvmlDeviceGetMemoryInfo", lib.nvmlDeviceGetMemoryInfo, handle, ctypes.byref(memory))
+        pci = _PciInfo()
+        numa = None
+        if lib.nvmlDeviceGetPciInfo(handle, ctypes.byref(pci)) == NVML_SUCCESS:
+            numa = numa_node(self.root / PCI_DEVICES / f"{pci.domain:04x}:{pci.bus:02x}:{pci.device:02x}.0")
+        position = 0
+        if self._has["ixmlDeviceGetBoardPosition"]:
+            pos = ctypes.c_uint()
+            if lib.ixmlDeviceGetBoardPosition(handle, ctypes.byref(pos)) == NVML_SUCCESS:
+                position = pos.value
+        reason = ""
+        if self._has["ixmlDeviceGetHealth"]:
+            mask = ctypes.c_ulonglong()
+            code = lib.ixmlDeviceGetHealth(handle, ctypes.byref(mask))
+            reason = (
+                decode_ixml_health(mask.value)
+                if code == NVML_SUCCESS
+                else f"ixmlDeviceGetHealth: {self._error(code)}"
+            )
+        chip = Chip(
+            uuid=uuid.value.decode(errors="replace"),
+            index=index,
+            minor=minor.value,
+            board_id="",
+            board_position=position,
+            product=name.value.decode(errors="replace"),
+            memory_mib=memory.total // (1024 * 1024),
+            numa_node=numa,
+            unhealthy_reason=reason,
+        )
+        return chip, handle
+
+    def _board_ids(self, chips: list[Chip], handles: list[ctypes.c_void_p]) -> dict[str, tuple[str, int]]:
+        """uuid → (board id, position). Boards come from nvmlDeviceOnSameBoard, computed once per
+        set of chips (it is pairwise, and boards do not change while the driver is loaded)."""
+        key = tuple(c.uuid for c in chips)
+        if key in self._boards:
+            return self._boards[key]
+        parent = list(range(len(chips)))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                i = parent[i]
+            return i
+
+        if self._has["nvmlDeviceOnSameBoard"]:
+            same = ctypes.c_int()
+            for i in range(len(chips)):
+                for j in range(i + 1, len(chips)):
+                    code = self._lib.nvmlDeviceOnSameBoard(handles[i], handles[j], ctypes.byref(same))
+                    if code == NVML_SUCCESS and same.value:
+                        parent[find(j)] = find(i)
+        groups: dict[int, list[int]] = {}
+        for i in range(len(chips)):
+            groups.setdefault(find(i), []).append(i)
+        result = {}
+        for members in groups.values():
+            first = min(members, key=lambda i: (chips[i].board_position, chips[i].minor))
+            board = f"board-{chips[first].uuid}"
+            for i in members:
+                result[chips[i].uuid] = (board, chips[i].board_position)
+        self._boards = {key: result}
+        return result
+
+    def chips(self) -> list[Chip]:
+        count = ctypes.c_uint()
+        self._call("nvmlDeviceGetCount_v2", self._lib.nvmlDeviceGetCount_v2, ctypes.byref(count))
+        chips: list[Chip] = []
+        handles: list[ctypes.c_void_p] = []
+        failed: dict[int, str] = {}
+        for index in range(count.value):
+            try:
+                chip, handle = self._read_chip(index)
+            except BackendError as exc:
+                failed[index] = str(exc)
+                continue
+            chips.append(chip)
+            handles.append(handle)
+        boards = self._board_ids(chips, handles)
+        out = []
+        for chip in chips:
+            board, position = boards[chip.uuid]
+            chip = replace(chip, board_id=board, board_position=position)
+            self._static[chip.index] = chip
+            out.append(chip)
+        for index, error in failed.items():
+            known = self._static.get(index)
+            if known is None:
+                log.error("GPU index %d cannot be read and was never seen healthy: %s", index, error)
+                continue
+            out.append(replace(known, unhealthy_reason=error))
+        return sorted(out, key=lambda c: c.index)
+
+    def control_nodes(self) -> tuple[str, ...]:
+        return existing_control_nodes(self.root, ILUVATAR)
+
+    def close(self) -> None:
+        self._lib.nvmlShutdown()

@@ -1,0 +1,111 @@
+"""The ``nvml`` backend: NVIDIA GPUs through nvidia-ml-py (``pynvml``), resource ``nvidia.com/gpu``.
+
+Boards come from ``nvmlDeviceGetBoardId`` (dual-GPU cards share one id). NVML has no single health
+word like ixml's bitmask, so a chip is Unhealthy when querying it fails — e.g. ``GPU is lost`` after
+it fell off the bus — and the NVML error text is the reason. Static facts are cached per index so
+a failing chip stays listed (Unhealthy) instead of vanishing from capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ix_gpu.devicemodel.vendors import NVIDIA, Vendor
+from ix_gpu.plugin.backends.base import PCI_DEVICES, BackendError, Chip, existing_control_nodes, numa_node
+
+log = logging.getLogger(__name__)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _sysfs_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` → sysfs's ``0000:3b:00.0``."""
+    domain, _, rest = bus_id.partition(":")
+    return f"{domain[-4:]}:{rest}".lower()
+
+
+class NvmlBackend:
+    name = "nvml"
+
+    def __init__(self, root: Path = Path("/"), nvml: Any = None) -> None:
+        self.root = root
+        if nvml is None:
+            try:
+                import pynvml
+            except ImportError as exc:
+                raise BackendError(f"nvidia-ml-py is not installed ({exc})") from None
+            nvml = pynvml
+        self.nvml = nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise BackendError(f"nvmlInit: {exc}") from None
+        self._static: dict[int, Chip] = {}
+
+    @property
+    def vendor(self) -> Vendor:
+        return NVIDIA
+
+    def _read_chip(self, index: int) -> Chip:
+        nvml = self.nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        try:
+            board = nvml.nvmlDeviceGetBoardId(handle)
+        except nvml.NVMLError:
+            board = 0
+        bus_id = _text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+        return Chip(
+            uuid=uuid,
+            index=index,
+            minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+            # Board id 0 means "unknown": then the GPU is a board of its own.
+            board_id=f"board-{board:x}" if board else f"board-{uuid}",
+            board_position=0,
+            product=_text(nvml.nvmlDeviceGetName(handle)),
+            memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
+            numa_node=numa_node(self.root / PCI_DEVICES / _sysfs_bus_id(bus_id)),
+        )
+
+    def chips(self) -> list[Chip]:
+        nvml = self.nvml
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as exc:
+            raise BackendError(f"nvmlDeviceGetCount: {exc}") from None
+        chips: list[Chip] = []
+        for index in range(count):
+            try:
+                chip = self._read_chip(index)
+            except nvml.NVMLError as exc:
+                known = self._static.get(index)
+                if known is None:
+                    log.error("GPU index %d cannot be read and was never seen healthy: %s", index, exc)
+                    continue
+                chips.append(replace(known, unhealthy_reason=f"NVML: {exc}"))
+                continue
+            chips.append(chip)
+        positions: dict[str, int] = {}
+        out = []
+        for chip in sorted(chips, key=lambda c: c.index):
+            position = positions.get(chip.board_id, 0)
+            positions[chip.board_id] = position + 1
+            chip = replace(chip, board_position=position)
+            if chip.healthy:
+                self._static[chip.index] = chip
+            out.append(chip)
+        return out
+
+    def control_nodes(self) -> tuple[str, ...]:
+        return existing_control_nodes(self.root, NVIDIA)
+
+    def close(self) -> None:
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as exc:
+            log.warning("nvmlShutdown: %s", exc)

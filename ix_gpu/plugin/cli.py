@@ -1,0 +1,190 @@
+"""``ix-gpu plugin`` (run the device plugin) and ``ix-gpu devices`` (show what it would advertise).
+
+Registration imports nothing heavy: grpc, pydantic models and backends are imported by the
+handlers, so ``ix-gpu mutate`` never pays for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ix_gpu.plugin.backends import BACKENDS  # light: no backend module is imported here
+from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
+
+if TYPE_CHECKING:
+    from ix_gpu.devicemodel.plugin_config import PluginConfig
+    from ix_gpu.plugin.backends.base import Backend
+
+DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.devicemodel.plugin_config.DEFAULT_PATH, without pydantic
+DEFAULT_METRICS_PORT = 9401
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"the ix-config file (default {DEFAULT_CONFIG} when it exists, else built-in defaults)",
+    )
+    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
+    parser.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
+    parser.add_argument(
+        "--root", metavar="DIR", default="/", help="host root for /dev and /sys (devfs/ixml/nvml), default /"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    plugin = subparsers.add_parser(
+        "plugin",
+        help="run the kubelet device plugin",
+        description="Serve the kubelet device-plugin API (v1beta1) for Iluvatar or NVIDIA GPUs.",
+    )
+    _add_common(plugin)
+    plugin.add_argument(
+        "--device-plugin-dir",
+        metavar="DIR",
+        default=DEFAULT_DEVICE_PLUGIN_DIR,
+        help=f"kubelet device-plugin directory (default {DEFAULT_DEVICE_PLUGIN_DIR})",
+    )
+    plugin.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=DEFAULT_METRICS_PORT,
+        metavar="N",
+        help=f"port for /healthz and /metrics (default {DEFAULT_METRICS_PORT}; 0 disables)",
+    )
+    add_log_level(plugin)
+    plugin.set_defaults(handler=run_plugin)
+
+    devices = subparsers.add_parser(
+        "devices",
+        help="list the GPU devices the plugin would advertise",
+        description="Discover GPUs and print the devices the plugin would advertise, with their chips.",
+    )
+    _add_common(devices)
+    devices.set_defaults(handler=run_devices)
+
+
+class LoadedConfig(NamedTuple):
+    config: PluginConfig
+    path: Path | None
+    content: bytes | None
+    """What ``config`` was parsed from, so a reload starts only when the file changes."""
+
+
+def _load_config(args: argparse.Namespace) -> LoadedConfig:
+    from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig
+    from ix_gpu.devicemodel.schema_base import parse_yaml
+
+    path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
+    if not args.config and not path.exists():
+        return LoadedConfig(PluginConfig(), None, None)
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return LoadedConfig(parse_yaml(PluginConfig, content, str(path)), path, content)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _make_backend(args: argparse.Namespace) -> Backend:
+    from ix_gpu.plugin.backends import make_backend
+    from ix_gpu.plugin.backends.base import BackendError
+
+    if args.backend == "fake" and not args.fake_devices:
+        raise UsageError("--backend fake needs --fake-devices FILE")
+    if args.fake_devices and args.backend != "fake":
+        raise UsageError("--fake-devices only applies to --backend fake")
+    fake = Path(args.fake_devices) if args.fake_devices else None
+    if fake is not None and not fake.is_file():
+        raise UsageError(f"--fake-devices {fake}: no such file")
+    try:
+        return make_backend(args.backend, fake_devices=fake, root=Path(args.root))
+    except BackendError as exc:
+        raise BackendStartError(f"backend {args.backend}: {exc}") from None
+
+
+class BackendStartError(Exception):
+    """The environment, not the command line, is wrong (e.g. no library): exit 1."""
+
+
+def run_plugin(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from ix_gpu.runtime import json_logging
+
+    json_logging.configure(args.log_level)
+    config, config_path, config_content = _load_config(args)
+    try:
+        backend = _make_backend(args)
+    except BackendStartError as exc:
+        logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
+        return 1
+
+    from ix_gpu.devicemodel.plugin_config import ConfigError
+    from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+    from ix_gpu.runtime.kube import ApiServer
+
+    directory = Path(args.device_plugin_dir)
+    if not directory.is_dir():
+        raise UsageError(f"--device-plugin-dir {directory}: not a directory")
+    settings = PluginSettings(
+        device_plugin_dir=directory,
+        config_path=config_path,
+        metrics_port=args.metrics_port or None,
+        node_name=os.environ.get("NODE_NAME"),
+        api_server=ApiServer.in_cluster() if config.labels.enabled else None,
+    )
+
+    async def main() -> int:
+        app = PluginApp(settings, config, backend, config_content)
+        try:
+            app.check_socket_path()
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        return await app.run(handle_signals=True)
+
+    return asyncio.run(main())
+
+
+def run_devices(args: argparse.Namespace) -> int:
+    from ix_gpu.plugin.backends.base import BackendError
+    from ix_gpu.plugin.devices.device_list import build_device_list
+    from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
+
+    config = _load_config(args).config
+    try:
+        backend = _make_backend(args)
+        chips = backend.chips()
+    except (BackendStartError, BackendError) as exc:
+        print(f"ix-gpu devices: {exc}")
+        return 1
+    devices = build_device_list(chips, splitboard=config.flags.splitboard, replicas=config.replicas)
+    resource = config.resource_name or backend.vendor.resource_name
+    print(f"# backend {backend.name}, resource {resource}, {len(devices.devices)} devices")
+    rows = [("ID", "CHIPS", "BOARD", "MINOR", "NUMA", "MEMORY", "HEALTH")]
+    for device in devices.devices:
+        phys = device.physical
+        reasons = [c.unhealthy_reason for c in phys.chips if c.unhealthy_reason]
+        rows.append(
+            (
+                device.id,
+                ",".join(c.uuid for c in phys.chips),
+                phys.board_id,
+                ",".join(str(m) for m in phys.minors),
+                "-" if phys.numa_node is None else str(phys.numa_node),
+                f"{phys.memory_mib}MiB",
+                HEALTHY if not reasons else f"{UNHEALTHY}: " + "; ".join(reasons),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    backend.close()
+    return 0

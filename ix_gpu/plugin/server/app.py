@@ -1,0 +1,271 @@
+"""The running plugin: discovery + health loop + config reload + registrar + metrics, and shutdown.
+
+Everything here is driven by one asyncio loop in one process ("lightweight": no threads of ours).
+The health loop is also where the config file and the fake devices file are re-read, by content,
+because ConfigMap volumes update by symlink swap and send no useful file events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig
+from ix_gpu.devicemodel.schema_base import parse_yaml
+from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
+from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
+from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
+from ix_gpu.plugin.devices.health import HealthTracker
+from ix_gpu.plugin.server.metrics import PluginMetrics
+from ix_gpu.plugin.server.node_labels import NodeLabeler, node_labels
+from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
+from ix_gpu.plugin.server.servicer import DevicePluginServicer
+from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.reload import LastGoodFiles
+
+log = logging.getLogger(__name__)
+
+REGISTRATION_GRACE_SECONDS = 15.0
+"""/healthz tolerates this long without registration: a kubelet restart takes a second or two."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    device_plugin_dir: Path
+    config_path: Path | None = None
+    """Re-read on every health check; ``None`` runs on the defaults."""
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    node_name: str | None = None
+    api_server: ApiServer | None = None
+    """Where to publish node labels (``labels.enabled``); ``None`` outside a cluster."""
+
+
+class PluginApp:
+    def __init__(
+        self,
+        settings: PluginSettings,
+        config: PluginConfig,
+        backend: Backend,
+        loaded_content: bytes | None = None,
+    ) -> None:
+        """``loaded_content``: the config file's bytes that ``config`` came from, if the caller
+        read them (a reload then starts only when the file changes); else the first health check
+        reads and applies the file."""
+        self.settings = settings
+        self.config = config
+        self.backend = backend
+        self.metrics = PluginMetrics()
+        self.tracker = HealthTracker(config.health.recover_after)
+        self.backend_error: str | None = None
+        self._config_file = (
+            LastGoodFiles(
+                "config",
+                [settings.config_path],
+                lambda contents: parse_yaml(PluginConfig, contents[0], str(settings.config_path)),
+                loaded=[loaded_content] if loaded_content is not None else None,
+                record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
+                logger=log,
+            )
+            if settings.config_path is not None
+            else None
+        )
+        self._chips: list[Chip] = []
+        self.state = DeviceState(self._snapshot(build_device_list([], splitboard=False, replicas=1)))
+        self.servicer = DevicePluginServicer(self.state, self.metrics)
+        self.registrar = Registrar(
+            settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
+        )
+        self.labeler = NodeLabeler(settings.api_server, settings.node_name)
+        self._labels_warned = False
+        self.stop_event = asyncio.Event()
+        self.ready = asyncio.Event()
+        """Set once the first discovery has been published (the benchmark and tests wait on it)."""
+
+    @property
+    def resource_name(self) -> str:
+        return self.config.resource_name or self.backend.vendor.resource_name
+
+    def check_socket_path(self) -> None:
+        path = self.settings.device_plugin_dir / socket_name_for(self.resource_name)
+        if len(str(path).encode()) > MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter directory"
+            )
+
+    def _snapshot(self, devices: DeviceList) -> Snapshot:
+        unhealthy = {p.id: r for p in devices.physical if (r := self.tracker.device_reason(p))}
+        return Snapshot(
+            devices=devices,
+            unhealthy=unhealthy,
+            config=self.config,
+            vendor=self.backend.vendor,
+            control_nodes=self.backend.control_nodes(),
+        )
+
+    # -- health loop ---------------------------------------------------------------------------
+
+    async def _reload_config(self) -> bool:
+        """Apply a changed config file; the last good one stays when the new one is invalid."""
+        if self._config_file is None:
+            return False
+        config = await asyncio.to_thread(self._config_file.poll)
+        if config is None or config.digest() == self.config.digest():
+            return False
+        old_resource = self.resource_name
+        self.config = config
+        self.tracker.recover_after = config.health.recover_after
+        log.info(
+            "config reloaded: splitboard=%s replicas=%d resourceName=%s",
+            config.flags.splitboard,
+            config.replicas,
+            self.resource_name,
+        )
+        if self.resource_name != old_resource:
+            self.registrar.request_reregister()
+        return True
+
+    def _poll_backend(self) -> None:
+        try:
+            chips = self.backend.chips()
+        except BackendError as exc:
+            reason = f"management library error: {exc}"
+            self.metrics.backend_errors.inc()
+            if reason != self.backend_error:
+                log.error("%s; advertising every device Unhealthy until it answers again", reason)
+            self.backend_error = reason
+            transitions = self.tracker.observe_failure(reason)
+        else:
+            if self.backend_error is not None:
+                log.info("management library answers again (after: %s)", self.backend_error)
+            self.backend_error = None
+            transitions = self.tracker.observe(chips)
+            self._chips = chips
+        for t in transitions:
+            (log.info if t.healthy else log.warning)("%s", t.describe())
+            self.metrics.health_transitions.labels(to=HEALTHY if t.healthy else UNHEALTHY).inc()
+
+    async def check_once(self) -> None:
+        """One health interval's work: config, discovery/health, publish if anything changed."""
+        await self._reload_config()
+        self._poll_backend()
+        try:
+            devices = build_device_list(
+                self._chips, splitboard=self.config.flags.splitboard, replicas=self.config.replicas
+            )
+        except ValueError as exc:
+            log.error("cannot build the device list: %s", exc)
+            return
+        snapshot = self._snapshot(devices)
+        if await self.state.publish(snapshot):
+            healthy = sum(1 for d in devices.devices if snapshot.health(d) == HEALTHY)
+            log.info(
+                "advertising %d %s devices (%d Healthy, %d Unhealthy)",
+                len(devices.devices),
+                self.resource_name,
+                healthy,
+                len(devices.devices) - healthy,
+            )
+            self.metrics.devices.labels(health=HEALTHY).set(healthy)
+            self.metrics.devices.labels(health=UNHEALTHY).set(len(devices.devices) - healthy)
+        if self.config.labels.enabled:
+            await self._label_node(devices)
+
+    async def _label_node(self, devices: DeviceList) -> None:
+        if not self.labeler.usable:
+            if not self._labels_warned:
+                log.warning(
+                    "labels.enabled, but not running in a cluster with NODE_NAME and a service account; "
+                    "node labels are not published"
+                )
+                self._labels_warned = True
+            return
+        values = node_labels(devices)
+        if self.labeler.pending(values):
+            # urllib blocks; keep the event loop (and ListAndWatch) responsive meanwhile.
+            await asyncio.to_thread(self.labeler.publish, values)
+
+    async def _health_loop(self) -> None:
+        while not self.stop_event.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.health.interval_seconds)
+            if not self.stop_event.is_set():
+                await self.check_once()
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Why /healthz should fail; empty when healthy."""
+        out = []
+        if self.backend_error:
+            out.append(self.backend_error)
+        if not self.registrar.registered:
+            lost_for = time.monotonic() - self.registrar.not_registered_since
+            if lost_for > REGISTRATION_GRACE_SECONDS:
+                out.append(f"not registered with the kubelet for {lost_for:.0f}s")
+        return out
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def request_stop(self, why: str) -> None:
+        if not self.stop_event.is_set():
+            log.info("%s: advertising all devices Unhealthy, then stopping", why)
+            self.stop_event.set()
+
+    async def run(self, *, handle_signals: bool = False) -> int:
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        await self.check_once()
+        self.ready.set()
+        http_server = None
+        if self.settings.metrics_port is not None:
+            from ix_gpu.plugin.server.http_endpoints import start_http_server
+
+            http_server = await start_http_server(
+                self, self.settings.metrics_host, self.settings.metrics_port
+            )
+        registrar = asyncio.create_task(self.registrar.run(self.stop_event), name="registrar")
+        health = asyncio.create_task(self._health_loop(), name="health")
+        try:
+            done, _ = await asyncio.wait(
+                {registrar, health, asyncio.ensure_future(self.stop_event.wait())},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            for task in done:
+                if task is not registrar and task is not health:
+                    continue
+                if task.exception() is not None:
+                    log.error("%s loop failed: %r", task.get_name(), task.exception())
+                    self.stop_event.set()
+        finally:
+            await self._shutdown(registrar, health)
+            if http_server is not None:
+                http_server.close()
+                await http_server.wait_closed()
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        return 0
+
+    async def _shutdown(self, *tasks: asyncio.Task[None]) -> None:
+        self.stop_event.set()
+        final = replace(self.state.snapshot, final=True)
+        await self.state.publish(final)
+        await self.state.close()
+        if not await self.state.wait_streams_done(timeout=1.0):
+            log.warning("ListAndWatch streams did not finish in 1s; stopping anyway")
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.registrar.shutdown(grace=1.0)
+        self.backend.close()
+        log.info("stopped; socket removed")

@@ -1,0 +1,150 @@
+"""The webhook's runtime view of a :class:`~ix_gpu.devicemodel.webhook_config.WebhookConfig`.
+
+Everything that can be computed once per config — Kubernetes-shaped volume/mount/env dicts,
+resource-name → profile matches, workload lookup, the content digest — is computed here, so the
+admission hot path does dictionary lookups instead of glob matching and model dumps.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ix_gpu.devicemodel.webhook_config import Profile, WebhookConfig, Workload
+
+# Resource names are user input; bound the match cache so odd names cannot grow memory forever.
+_MATCH_CACHE_LIMIT = 4096
+MAX_RESOURCE_NAME_CHARS = 253
+"""A resource name is a qualified name: at most 253 characters. Longer keys can match no profile,
+and are neither glob-matched nor remembered (4096 remembered 1 MB keys would be 4 GB)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedVolume:
+    name: str
+    volume: dict[str, Any]
+    """The pod-level ``volumes`` entry."""
+    mount: dict[str, Any]
+    """The container-level ``volumeMounts`` entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedEnv:
+    name: str
+    value: str
+    mode: str
+    """An :class:`~ix_gpu.devicemodel.webhook_config.EnvMode` value as a plain string: comparing enum
+    members costs several times a string comparison, and this is checked per GPU container."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledProfile:
+    name: str
+    index: int
+    """Position in the config: profiles apply in config order."""
+    privileged: str
+    """``never`` | ``allowed`` | ``required`` (plain string, as for env modes)."""
+    volumes: tuple[InjectedVolume, ...]
+    env: tuple[InjectedEnv, ...]
+    node_selector: tuple[tuple[str, str], ...]
+    node_requirements: tuple[dict[str, Any], ...]
+    tolerations: tuple[dict[str, Any], ...]
+    runtime_class_name: str | None
+    source: Profile
+
+
+def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
+    volumes = []
+    for spec in profile.all_volumes():
+        host_path: dict[str, Any] = {"path": spec.host_path}
+        if spec.type is not None and spec.type.value:
+            host_path["type"] = spec.type.value
+        mount: dict[str, Any] = {"name": spec.name, "mountPath": spec.mount_path}
+        if spec.read_only:
+            mount["readOnly"] = True
+        volumes.append(InjectedVolume(spec.name, {"name": spec.name, "hostPath": host_path}, mount))
+    return CompiledProfile(
+        name=profile.name,
+        index=index,
+        privileged=profile.privileged.value,
+        volumes=tuple(volumes),
+        env=tuple(InjectedEnv(e.name, e.value, e.mode.value) for e in profile.env),
+        node_selector=tuple(profile.node_selector.items()),
+        node_requirements=tuple(r.to_k8s() for r in profile.affinity.required_node_expressions),
+        tolerations=tuple(t.to_k8s() for t in profile.tolerations),
+        runtime_class_name=profile.runtime_class_name,
+        source=profile,
+    )
+
+
+class CompiledConfig:
+    """Read-only after construction except for one memo: which profiles match a resource name.
+
+    The memo (:meth:`profiles_for`) is bounded and only ever gains entries whose value does not
+    depend on when they were added, so one instance is safe to share between concurrent requests.
+    """
+
+    def __init__(self, config: WebhookConfig) -> None:
+        self.digest = config.digest()
+        self.profiles = tuple(_compile_profile(i, p) for i, p in enumerate(config.profiles))
+        self.policy = config.policy
+        self._excluded = NamePatterns(config.policy.excluded_namespaces)
+        self._privileged = NamePatterns(config.policy.privileged_namespaces)
+        self._workloads: dict[tuple[str, str], Workload] = {}
+        self._workload_globs: list[Workload] = []
+        for workload in config.workloads:
+            if any(ch in workload.api_version + workload.kind for ch in "*?["):
+                self._workload_globs.append(workload)
+            else:
+                self._workloads[(workload.api_version, workload.kind)] = workload
+        self._matches: dict[str, tuple[CompiledProfile, ...]] = {}
+        patterns = [pattern for p in config.profiles for pattern in p.resources]
+        self.exact_resources: frozenset[str] | None = (
+            None if any(ch in pattern for pattern in patterns for ch in "*?[") else frozenset(patterns)
+        )
+        """All resource names any profile matches, when no profile uses a glob (else None): lets
+        the hot path dismiss a container with one C-level set operation."""
+
+    def workload(self, api_version: str, kind: str) -> Workload | None:
+        found = self._workloads.get((api_version, kind))
+        if found is not None:
+            return found
+        for workload in self._workload_globs:
+            if fnmatch.fnmatchcase(api_version, workload.api_version) and fnmatch.fnmatchcase(
+                kind, workload.kind
+            ):
+                return workload
+        return None
+
+    def profiles_for(self, resource: str) -> tuple[CompiledProfile, ...]:
+        """Profiles whose resource patterns match ``resource`` (empty for non-GPU resources)."""
+        found = self._matches.get(resource)
+        if found is None:
+            if len(resource) > MAX_RESOURCE_NAME_CHARS:
+                return ()
+            found = tuple(p for p in self.profiles if p.source.matches(resource))
+            if len(self._matches) < _MATCH_CACHE_LIMIT:
+                self._matches[resource] = found
+        return found
+
+    def namespace_excluded(self, namespace: str) -> bool:
+        return self._excluded.matches(namespace)
+
+    def namespace_may_be_privileged(self, namespace: str) -> bool:
+        return self._privileged.matches(namespace)
+
+
+class NamePatterns:
+    """Exact names and globs, matched with one set lookup and at most one regex call."""
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        globs = [p for p in patterns if any(ch in p for ch in "*?[")]
+        self._exact = frozenset(p for p in patterns if p not in globs)
+        self._regex = re.compile("|".join(fnmatch.translate(g) for g in globs)) if globs else None
+
+    def matches(self, name: str) -> bool:
+        if name in self._exact:
+            return True
+        return self._regex is not None and self._regex.match(name) is not None

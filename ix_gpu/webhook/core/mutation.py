@@ -1,0 +1,186 @@
+"""The mutation core: (object, operation, namespace facts, config) → ops, warnings, decision.
+
+A pure function — no I/O, no clock, no globals — so it is trivially testable, safe to call for
+dry runs, and the same code answers ``ix-gpu mutate`` on a laptop and the apiserver in a cluster.
+The HTTPS service, the namespace cache and TLS are a shell around it.
+
+Order of questions, cheapest and most decisive first: is this kind ours, is the namespace or
+object opted out, does any container ask for a configured GPU resource (and validly), and only
+then what to add.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ix_gpu.devicemodel import labels
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied, skipped
+from ix_gpu.webhook.core.gpu_requests import GpuContainer, GpuRequestError, gpu_containers
+from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template
+from ix_gpu.webhook.core.templates import PodTemplate, find_templates
+
+_PSA_LEVELS = ("privileged", "baseline", "restricted")
+_PSA_HOST_ACCESS_FORBIDDEN = ("baseline", "restricted")
+
+
+def _string_map(container: Any, key: str) -> dict[str, Any]:
+    value = container.get(key) if isinstance(container, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _opted_out(keys: Any) -> bool:
+    """``ix-gpu.io/inject: disabled`` in an object's annotation or label map (a JSON dict)."""
+    return isinstance(keys, dict) and keys.get(labels.INJECT) == labels.INJECT_DISABLED
+
+
+def _psa_enforced(namespace: NamespaceFacts) -> tuple[str, str] | None:
+    """(level, why) that PodSecurity admission enforces in the namespace, read as it reads the
+    label: an exact, case-sensitive ``privileged``/``baseline``/``restricted``; any other value
+    (``Restricted``, ``restricted `` or ``""``) is an error that PodSecurity resolves to
+    ``restricted``. No label (or unknown facts): None, the cluster's default, which this webhook
+    cannot see and takes to be ``privileged``, Kubernetes' own default."""
+    level = namespace.labels.get(labels.PSA_ENFORCE) if namespace.known else None
+    if not isinstance(level, str):
+        return None
+    if level in _PSA_LEVELS:
+        return level, f'namespace "{namespace.name}" enforces Pod Security "{level}"'
+    shown = level if len(level) <= 40 else level[:39] + "…"
+    return "restricted", (
+        f'namespace "{namespace.name}" enforces Pod Security "restricted" (its label value {shown!r} '
+        "is not a level, which PodSecurity admission reads as restricted)"
+    )
+
+
+def _privileged_block(namespace: NamespaceFacts, config: CompiledConfig) -> str | None:
+    if not config.namespace_may_be_privileged(namespace.name):
+        return f'namespace "{namespace.name}" is not in policy.privilegedNamespaces'
+    if not namespace.known:
+        return f'the Pod Security level of namespace "{namespace.name}" is unknown'
+    enforced = _psa_enforced(namespace)
+    if enforced is not None and enforced[0] in _PSA_HOST_ACCESS_FORBIDDEN:
+        return enforced[1]
+    return None
+
+
+def _host_path_block(namespace: NamespaceFacts) -> str | None:
+    enforced = _psa_enforced(namespace)
+    if enforced is not None and enforced[0] in _PSA_HOST_ACCESS_FORBIDDEN:
+        return f"{enforced[1]}, which rejects hostPath"
+    return None
+
+
+MAX_TEMPLATES = 64
+"""Pod templates per object (a TFJob has a handful of replica types). More is refused rather than
+walked: each template's patch ops and warnings grow the response."""
+MAX_PATCH_OPS = 2000
+"""A GPU pod needs tens of ops. This bounds the response an object can make us build and send."""
+MAX_GPU_TYPES = 16
+"""Models one ``gpu-type`` annotation may list. Each becomes a value of a required node-affinity
+expression; a cluster has a handful of GPU models, and an unbounded list (tens of thousands of
+values in a 1 MB annotation) would cost seconds of CPU per merge."""
+MAX_GPU_TYPE_CHARS = 1024
+
+
+def _gpu_types(*annotation_maps: dict[str, Any]) -> list[str]:
+    """The models the nearest ``ix-gpu.io/gpu-type`` annotation names, as node-label values."""
+    for annotation_map in annotation_maps:
+        raw = annotation_map.get(labels.GPU_TYPE)
+        if not isinstance(raw, str) or not raw.strip():
+            continue
+        if len(raw) > MAX_GPU_TYPE_CHARS:
+            raise GpuRequestError(
+                f"annotation {labels.GPU_TYPE} is {len(raw)} characters long; "
+                f"at most {MAX_GPU_TYPE_CHARS} (a comma-separated list of GPU models)"
+            )
+        parts = raw.split(",")
+        if len(parts) > MAX_GPU_TYPES:
+            raise GpuRequestError(
+                f"annotation {labels.GPU_TYPE} lists {len(parts)} GPU models; at most {MAX_GPU_TYPES}"
+            )
+        values = [labels.label_value(part) for part in parts]
+        return [v for v in dict.fromkeys(values) if v]
+    return []
+
+
+def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig) -> MutationResult:
+    """Decide what to inject into ``obj`` (a Pod, TFJob or configured CRD, as a plain dict)."""
+    if operation != "CREATE":
+        return skipped(f"operation {operation} is not mutated")
+    if not isinstance(obj, dict):
+        return skipped("no object to mutate")
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return skipped("object has no apiVersion/kind")
+    workload = config.workload(api_version, kind)
+    if workload is None:
+        return skipped(f"{kind} ({api_version}) is not a configured workload")
+    if config.namespace_excluded(namespace.name):
+        return skipped(f'namespace "{namespace.name}" is excluded by policy.excludedNamespaces')
+    if namespace.known and labels.INJECT_DISABLED in (
+        namespace.annotations.get(labels.INJECT),
+        namespace.labels.get(labels.INJECT),
+    ):
+        return skipped(f'namespace "{namespace.name}" opted out ({labels.INJECT}={labels.INJECT_DISABLED})')
+    metadata = _string_map(obj, "metadata")
+    annotations = _string_map(metadata, "annotations")
+    if labels.MIRROR_POD in annotations:
+        return skipped("mirror pods are managed by the kubelet")
+    if _opted_out(annotations) or _opted_out(metadata.get("labels")):
+        return skipped(f"object opted out ({labels.INJECT}={labels.INJECT_DISABLED})")
+
+    plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []
+    opted_out_templates = 0
+    templates = find_templates(obj, workload.template_paths)
+    if len(templates) > MAX_TEMPLATES:
+        return denied(f"{kind} holds {len(templates)} pod templates; the webhook handles {MAX_TEMPLATES}")
+    try:
+        for template in templates:
+            spec = template.body.get("spec")
+            if not isinstance(spec, dict):
+                continue
+            template_annotations = _string_map(_string_map(template.body, "metadata"), "annotations")
+            if template.pointer and _opted_out(template_annotations):
+                opted_out_templates += 1
+                continue
+            containers = gpu_containers(spec, config, template.where)
+            if containers:
+                plans.append((template, containers, _gpu_types(template_annotations, annotations)))
+    except GpuRequestError as exc:
+        return denied(str(exc))
+    if not plans:
+        if opted_out_templates:
+            return skipped("every GPU template opted out, or no container requests a configured GPU")
+        return skipped("no container requests a configured GPU resource")
+
+    run = InjectionRun(
+        digest=config.digest,
+        host_path_block=_host_path_block(namespace),
+        privileged_block=_privileged_block(namespace, config),
+    )
+    try:
+        for template, containers, gpu_types in plans:
+            inject_template(template, containers, gpu_types, run)
+    except InjectionDenied as exc:
+        return denied(str(exc), run.warnings)
+
+    if len(run.ops) > MAX_PATCH_OPS:
+        return denied(
+            f"injecting into this {kind} takes {len(run.ops)} patch operations; at most {MAX_PATCH_OPS} "
+            "(split the workload, or opt it out)"
+        )
+    unchecked = bool(run.host_paths_added) and not namespace.known
+    if unchecked:
+        run.warnings.append(
+            f'hostPath volumes injected without checking Pod Security: namespace "{namespace.name}" '
+            "could not be read (no cluster access); a namespace enforcing baseline or restricted "
+            "will reject this pod"
+        )
+    warnings = [*run.warnings, *run.conflicts]
+    profiles = tuple(run.profiles_used)
+    if run.conflicts and config.policy.conflict_policy.value == "deny":
+        return denied("conflicts with the user's settings: " + "; ".join(run.conflicts), run.warnings)
+    if run.ops:
+        reason = f"injected {'+'.join(profiles)}@{config.digest}"
+        return MutationResult(Decision.MUTATED, run.ops, warnings, reason, profiles, unchecked)
+    return MutationResult(Decision.UNCHANGED, [], warnings, "already injected", profiles)

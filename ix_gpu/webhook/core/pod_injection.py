@@ -1,0 +1,462 @@
+"""Merging a profile's volumes, mounts, env, privileges and scheduling into one pod template.
+
+Every merge is keyed the way the Pod schema keys its lists (volumes by name, mounts by mountPath,
+env by name) and compares *semantically*: the apiserver fills defaults such as ``hostPath.type: ""``
+before a webhook sees an object, so an entry we injected earlier may come back with extra empty
+fields. Equal means equal once empty values are dropped. That is what makes a second pass — a
+reinvocation, or the Pod the TFJob operator creates from an already mutated template — produce no
+ops at all.
+
+Conflicts (the user already has something different under the same key) are recorded, never
+overwritten; the core turns them into warnings or a denial according to ``policy.conflictPolicy``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.webhook_config import EnvMode, Privileged
+from ix_gpu.webhook.core import patch_ops
+from ix_gpu.webhook.core.compiled_config import CompiledProfile, InjectedEnv
+from ix_gpu.webhook.core.gpu_requests import GpuContainer
+from ix_gpu.webhook.core.patch_ops import Op, token
+from ix_gpu.webhook.core.templates import PodTemplate
+
+
+class InjectionDenied(Exception):
+    """A profile requirement that cannot be met here (e.g. ``privileged: required`` under PSA)."""
+
+
+class InjectionRun:
+    """Accumulates the outcome of mutating one object, across its templates.
+
+    A plain slotted class: a dataclass with four default factories costs more to create than
+    some of the merges it records.
+    """
+
+    __slots__ = (
+        "conflicts",
+        "digest",
+        "host_path_block",
+        "host_paths_added",
+        "ops",
+        "privileged_block",
+        "profiles_used",
+        "warnings",
+    )
+
+    def __init__(self, digest: str, host_path_block: str | None, privileged_block: str | None) -> None:
+        self.digest = digest
+        self.host_path_block = host_path_block
+        """Why hostPath volumes must not be injected (Pod Security would reject them), or None."""
+        self.privileged_block = privileged_block
+        """Why ``privileged: true`` may not be set in this namespace, or None."""
+        self.host_paths_added = 0
+        self.ops: list[Op] = []
+        self.warnings: list[str] = []
+        self.conflicts: list[str] = []
+        self.profiles_used: dict[str, None] = {}
+
+    def warn_once(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+
+def _empty(value: Any) -> bool:
+    """Absent-equivalent after apiserver defaulting. O(1) whatever ``value`` holds: comparing a
+    container with an empty one stops at the length."""
+    return value is None or value is False or value == "" or value == [] or value == {}
+
+
+def same(existing: Any, ours: Any) -> bool:
+    """Semantic equality: empty/false/absent fields are the same (apiserver defaulting).
+
+    The walk follows ``ours`` (a profile's value: a few levels deep, from the operator's config)
+    and never goes deeper than it, so a user's value nested a thousand levels deep, or a YAML alias
+    bomb under a same-name volume, costs no more than a shallow one: no copies, no recursion into
+    the user's structure beyond ours.
+    """
+    if existing == ours:  # bounded too: == stops where the shallower side ends
+        return True
+    if isinstance(ours, dict):
+        if not isinstance(existing, dict):
+            return False
+        for key, value in existing.items():
+            if key not in ours and not _empty(value):
+                return False
+        for key, value in ours.items():
+            theirs = existing.get(key)
+            if _empty(value) or _empty(theirs):
+                if not (_empty(value) and _empty(theirs)):
+                    return False
+            elif not same(theirs, value):
+                return False
+        return True
+    if isinstance(ours, list):
+        if not isinstance(existing, list) or len(existing) != len(ours):
+            return False
+        return all(same(theirs, value) for theirs, value in zip(existing, ours, strict=True))
+    return False  # unequal scalars, or a scalar against a container
+
+
+def _last_index(entries: Any, key: str, value: str) -> int:
+    """Index of the last dict in ``entries`` whose ``key`` equals ``value``, or -1.
+
+    Lists are keyed the way the Pod schema keys them (env and volumes by name, mounts by
+    mountPath); for duplicate env names the runtime takes the last. A reverse scan per injected
+    entry beats building an index: a profile adds one or two entries while a container may hold
+    dozens, and this runs for every GPU container of every admitted pod.
+    """
+    if not isinstance(entries, list):
+        return -1
+    i = len(entries)
+    try:
+        for entry in reversed(entries):
+            i -= 1
+            if entry.get(key) == value:
+                return i
+    except AttributeError:  # a non-dict entry (invalid, but never our crash): scan carefully
+        i = len(entries)
+        for entry in reversed(entries):
+            i -= 1
+            if isinstance(entry, dict) and entry.get(key) == value:
+                return i
+    return -1
+
+
+def _last_by(entries: Any, key: str, value: str) -> Any:
+    at = _last_index(entries, key, value)
+    return entries[at] if at >= 0 else None
+
+
+def _prefix(where: str) -> str:
+    return f"{where}." if where else ""
+
+
+WINDOWS_HOST_PATH = "Windows pods (spec.os.name: windows) cannot use hostPath"
+WINDOWS_PRIVILEGED = "Windows pods (spec.os.name: windows) cannot be privileged"
+
+
+def _windows(spec: dict[str, Any]) -> bool:
+    """``spec.os.name: windows``: the apiserver then forbids hostPath and privileged outright."""
+    pod_os = spec.get("os")
+    return isinstance(pod_os, dict) and pod_os.get("name") == "windows"
+
+
+def inject_template(
+    template: PodTemplate, containers: list[GpuContainer], gpu_types: list[str], run: InjectionRun
+) -> None:
+    """Append to ``run`` the ops that give ``template`` everything its GPU containers' profiles hold.
+
+    A Windows template gets env and scheduling only: hostPath volumes (driver libraries, device
+    nodes) and ``privileged`` would turn a valid Windows pod into one the apiserver rejects, so they
+    are skipped with a warning (and ``privileged: required`` is denied), as under Pod Security.
+    """
+    if not _windows(template.body["spec"]):
+        _inject_template(template, containers, gpu_types, run)
+        return
+    saved = run.host_path_block, run.privileged_block
+    run.host_path_block, run.privileged_block = WINDOWS_HOST_PATH, WINDOWS_PRIVILEGED
+    try:
+        _inject_template(template, containers, gpu_types, run)
+    finally:
+        run.host_path_block, run.privileged_block = saved
+
+
+def _inject_template(
+    template: PodTemplate, containers: list[GpuContainer], gpu_types: list[str], run: InjectionRun
+) -> None:
+    spec: dict[str, Any] = template.body["spec"]
+    spec_ptr = f"{template.pointer}/spec"
+    where = _prefix(template.where)
+    by_index: dict[int, CompiledProfile] = {}
+    for container in containers:
+        for profile in container.profiles:
+            by_index[profile.index] = profile
+    profiles = [by_index[i] for i in sorted(by_index)]
+
+    mountable = _merge_volumes(spec, spec_ptr, where, profiles, run)
+    for container in containers:
+        _merge_container(container, spec_ptr, where, mountable, run)
+    _merge_node_selector(spec, spec_ptr, where, profiles, run)
+    _merge_tolerations(spec, spec_ptr, profiles, run)
+    requirements = [r for p in profiles for r in p.node_requirements]
+    if gpu_types:
+        requirements.append({"key": labels.GPU_PRODUCT, "operator": "In", "values": gpu_types})
+    _merge_required_node_affinity(spec, spec_ptr, requirements, run)
+    _merge_runtime_class(spec, spec_ptr, where, profiles, run)
+
+    names = [p.name for p in profiles]
+    for name in names:
+        run.profiles_used[name] = None
+    _set_injected_annotation(template, "+".join(names) + "@" + run.digest, run)
+
+
+def _merge_volumes(
+    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> set[str]:
+    """Add pod volumes; returns the names of our volumes that containers may mount."""
+    existing = spec.get("volumes")
+    mountable: set[str] = set()
+    offered: dict[str, dict[str, Any]] = {}
+    new: list[dict[str, Any]] = []
+    for profile in profiles:
+        for volume in profile.volumes:
+            if run.host_path_block:  # every injected volume is a hostPath
+                run.warn_once(f"{where}spec.volumes: hostPath volumes not injected: {run.host_path_block}")
+                continue
+            if volume.name in offered:
+                if not same(offered[volume.name], volume.volume):
+                    run.conflicts.append(
+                        f'{where}spec.volumes[name={volume.name}]: profile "{profile.name}" defines it '
+                        "differently from an earlier profile; kept the first"
+                    )
+                continue
+            offered[volume.name] = volume.volume
+            current = _last_by(existing, "name", volume.name)
+            if current is None:
+                new.append(volume.volume)
+                mountable.add(volume.name)
+                run.host_paths_added += 1
+            elif same(current, volume.volume):
+                mountable.add(volume.name)
+            else:
+                env = ", ".join(e.name for e in profile.env)
+                still = f" (its env {env} is still set: the pod's own volume must provide it)" if env else ""
+                run.conflicts.append(
+                    f"{where}spec.volumes[name={volume.name}]: the pod already has a different volume of "
+                    f"this name; kept it and did not mount profile {profile.name}'s{still}"
+                )
+    patch_ops.add_to_list(run.ops, f"{spec_ptr}/volumes", existing, new)
+    return mountable
+
+
+def _merge_container(
+    container: GpuContainer, spec_ptr: str, where: str, mountable: set[str], run: InjectionRun
+) -> None:
+    body = container.body
+    ptr = f"{spec_ptr}/{container.list_name}/{container.index}"
+    label = f"{where}{container.list_name}[name={container.name}]"
+
+    mounts = body.get("volumeMounts")
+    new_mounts: list[dict[str, Any]] = []
+    for profile in container.profiles:
+        for volume in profile.volumes:
+            if volume.name not in mountable:
+                continue
+            path = volume.mount["mountPath"]
+            current = _last_by(mounts, "mountPath", path)
+            if current is None and new_mounts:
+                current = _last_by(new_mounts, "mountPath", path)
+            if current is None:
+                new_mounts.append(volume.mount)
+            elif not same(current, volume.mount):
+                run.conflicts.append(
+                    f"{label}.volumeMounts[mountPath={path}]: already mounts "
+                    f'"{current.get("name")}" there; kept it'
+                )
+    patch_ops.add_to_list(run.ops, f"{ptr}/volumeMounts", mounts, new_mounts)
+
+    _merge_env(body, ptr, label, container.profiles, run)
+    _merge_privileged(body, ptr, label, container.profiles, run)
+
+
+_OVERRIDE = EnvMode.OVERRIDE.value
+_SET_IF_ABSENT = EnvMode.SET_IF_ABSENT.value
+_PREPEND_PATH = EnvMode.PREPEND_PATH.value
+_NEVER = Privileged.NEVER.value
+_REQUIRED = Privileged.REQUIRED.value
+
+
+def _path_merge(current: str, ours: str, mode: str) -> str:
+    parts = [p for p in current.split(":") if p] if current else []
+    missing = [p for p in ours.split(":") if p and p not in parts]
+    if not missing:
+        return current
+    return ":".join(missing + parts) if mode == _PREPEND_PATH else ":".join(parts + missing)
+
+
+def _merged_value(current: str, var: InjectedEnv) -> str:
+    if var.mode == _OVERRIDE:
+        return var.value
+    if var.mode == _SET_IF_ABSENT:
+        return current
+    return _path_merge(current, var.value, var.mode)
+
+
+def _merge_env(
+    body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
+) -> None:
+    env = body.get("env")
+    entries: list[Any] = env if isinstance(env, list) else []
+    updated: dict[int, str] = {}
+    appended: list[dict[str, Any]] = []
+    appended_at: dict[str, int] = {}
+    for profile in profiles:
+        for var in profile.env:
+            if var.name in appended_at:
+                item = appended[appended_at[var.name]]
+                item["value"] = _merged_value(item["value"], var)
+                continue
+            i = _last_index(entries, "name", var.name)
+            if i < 0:
+                appended_at[var.name] = len(appended)
+                appended.append({"name": var.name, "value": var.value})
+                continue
+            entry = entries[i]
+            if "valueFrom" in entry:
+                run.conflicts.append(f"{label}.env[name={var.name}]: set from valueFrom by the user; kept it")
+                continue
+            raw = updated.get(i, entry.get("value", ""))
+            current = raw if isinstance(raw, str) else ""
+            merged = _merged_value(current, var)
+            if var.mode == _SET_IF_ABSENT and current != var.value:
+                run.conflicts.append(
+                    f"{label}.env[name={var.name}]: the user's value {current!r} kept "
+                    f"(profile {profile.name} would set {var.value!r})"
+                )
+            if merged != current:
+                updated[i] = merged
+    for i, value in updated.items():
+        if "value" in entries[i]:
+            run.ops.append(patch_ops.replace(f"{ptr}/env/{i}/value", value))
+        else:
+            run.ops.append(patch_ops.add(f"{ptr}/env/{i}/value", value))
+    patch_ops.add_to_list(run.ops, f"{ptr}/env", env, appended)
+
+
+def _merge_privileged(
+    body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
+) -> None:
+    wanting = [p for p in profiles if p.privileged != _NEVER]
+    if not wanting:
+        return
+    required = [p.name for p in wanting if p.privileged == _REQUIRED]
+    context = body.get("securityContext")
+    reason = run.privileged_block
+    if reason is None and isinstance(context, dict):
+        if context.get("privileged") is True:
+            return
+        if context.get("privileged") is False:
+            reason = "the user set securityContext.privileged: false"
+        elif context.get("allowPrivilegeEscalation") is False:
+            reason = "the user set allowPrivilegeEscalation: false, which privileged contradicts"
+    if reason is not None:
+        if required:
+            raise InjectionDenied(f"{label}: profile {required[0]} requires privileged: true, but {reason}")
+        run.warn_once(f"{label}.securityContext.privileged not set: {reason}")
+        return
+    patch_ops.set_in_map(run.ops, f"{ptr}/securityContext", context, "privileged", True)
+
+
+def _merge_node_selector(
+    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> None:
+    existing = spec.get("nodeSelector")
+    current: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
+    additions: dict[str, str] = {}
+    for profile in profiles:
+        for key, value in profile.node_selector:
+            have = current.get(key)
+            if have is None:
+                current[key] = value
+                additions[key] = value
+            elif have != value:
+                run.conflicts.append(
+                    f"{where}spec.nodeSelector[{key}]: kept {have!r} (profile {profile.name} wants {value!r})"
+                )
+    if not additions:
+        return
+    if isinstance(existing, dict):
+        for key, value in additions.items():
+            run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector/{token(key)}", value))
+    else:
+        run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector", additions))
+
+
+def _merge_tolerations(
+    spec: dict[str, Any], spec_ptr: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> None:
+    existing = spec.get("tolerations")
+    have: list[Any] = list(existing) if isinstance(existing, list) else []
+    new: list[dict[str, Any]] = []
+    for profile in profiles:
+        for toleration in profile.tolerations:
+            if not any(same(t, toleration) for t in have):
+                have.append(toleration)
+                new.append(toleration)
+    patch_ops.add_to_list(run.ops, f"{spec_ptr}/tolerations", existing, new)
+
+
+def _merge_required_node_affinity(
+    spec: dict[str, Any], spec_ptr: str, requirements: list[dict[str, Any]], run: InjectionRun
+) -> None:
+    """AND our requirements into every term of required node affinity (terms are ORed)."""
+    unique: list[dict[str, Any]] = []
+    for requirement in requirements:
+        if not any(same(requirement, r) for r in unique):
+            unique.append(requirement)
+    if not unique:
+        return
+    terms: list[dict[str, Any]] = [{"matchExpressions": unique}]
+    # Walk down affinity.nodeAffinity.required….nodeSelectorTerms; the first missing level is added
+    # whole, holding our single term, and we are done.
+    levels = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    node: dict[str, Any] = spec
+    ptr = spec_ptr
+    for depth, key in enumerate(levels):
+        ptr = f"{ptr}/{key}"
+        child = node.get(key)
+        if not isinstance(child, dict):
+            value: dict[str, Any] = {"nodeSelectorTerms": terms}
+            for outer in reversed(levels[depth + 1 :]):
+                value = {outer: value}
+            run.ops.append(patch_ops.add(ptr, value))
+            return
+        node = child
+    ptr = f"{ptr}/nodeSelectorTerms"
+    existing_terms = node.get("nodeSelectorTerms")
+    if not isinstance(existing_terms, list) or not existing_terms:
+        run.ops.append(patch_ops.add(ptr, terms))
+        return
+    for index, term in enumerate(existing_terms):
+        if not isinstance(term, dict):
+            continue
+        expressions = term.get("matchExpressions")
+        present = expressions if isinstance(expressions, list) else []
+        new = [r for r in unique if not any(same(e, r) for e in present)]
+        patch_ops.add_to_list(run.ops, f"{ptr}/{index}/matchExpressions", expressions, new)
+
+
+def _merge_runtime_class(
+    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+) -> None:
+    current = spec.get("runtimeClassName")
+    for profile in profiles:
+        wanted = profile.runtime_class_name
+        if not wanted:
+            continue
+        if not current:
+            run.ops.append(patch_ops.add(f"{spec_ptr}/runtimeClassName", wanted))
+            current = wanted
+        elif current != wanted:
+            run.conflicts.append(
+                f"{where}spec.runtimeClassName: kept {current!r} (profile {profile.name} wants {wanted!r})"
+            )
+
+
+_INJECTED_TOKEN = token(labels.INJECTED)
+
+
+def _set_injected_annotation(template: PodTemplate, value: str, run: InjectionRun) -> None:
+    meta_ptr = f"{template.pointer}/metadata"
+    metadata = template.body.get("metadata")
+    if not isinstance(metadata, dict):
+        run.ops.append(patch_ops.add(meta_ptr, {"annotations": {labels.INJECTED: value}}))
+        return
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict):
+        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations", {labels.INJECTED: value}))
+    elif annotations.get(labels.INJECTED) != value:
+        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations/{_INJECTED_TOKEN}", value))

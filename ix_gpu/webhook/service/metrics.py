@@ -1,0 +1,151 @@
+"""Prometheus metrics of the webhook service (``ix_gpu_*``).
+
+Each service instance owns its registry rather than using prometheus_client's global one, so a
+test process can run several services and a scrape shows exactly this service's numbers.
+
+Label values are bounded: ``kind`` and ``operation`` come from requests, i.e. from anyone who can
+reach the port, so unknown values collapse to ``other`` instead of creating a time series each.
+Labelled children are cached because ``labels()`` takes a lock and builds a key on every call,
+which is measurable at thousands of admissions per second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ix_gpu.runtime.outcomes import ERROR, SUCCESS
+
+RESULTS = ("mutated", "unchanged", "skipped", "denied", "error")
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+OTHER = "other"
+UNKNOWN = "unknown"
+_MAX_KINDS = 32
+
+# Admission latency is dominated by JSON work; buckets resolve the sub-millisecond range.
+_DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1.0, 2.5)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "ix_gpu_admission_requests",
+            "AdmissionReview requests answered, by kind, operation and result.",
+            ("kind", "operation", "result"),
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "ix_gpu_admission_duration_seconds",
+            "Time from request start to response body, for /mutate.",
+            buckets=_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.internal_errors = Counter(
+            "ix_gpu_admission_internal_errors",
+            "Admissions that hit a bug in the webhook (answered with a denial); should stay 0.",
+            registry=self.registry,
+        )
+        self.config_reloads = Counter(
+            "ix_gpu_config_reloads",
+            "Webhook config reload attempts; result=error keeps the last good config.",
+            ("result",),
+            registry=self.registry,
+        )
+        self.cert_reloads = Counter(
+            "ix_gpu_cert_reloads",
+            "Serving certificate reload attempts; result=error keeps the certificate being served.",
+            ("result",),
+            registry=self.registry,
+        )
+        self.over_budget = Counter(
+            "ix_gpu_admission_over_budget",
+            "Large reviews answered 503 because they could not be served within --request-budget",
+            registry=self.registry,
+        )
+        self.connections_refused = Counter(
+            "ix_gpu_connections_refused",
+            "Connections closed by a limit, by reason: connections, header_size, header_timeout",
+            ("reason",),
+            registry=self.registry,
+        )
+        self.unchecked_pod_security = Counter(
+            "ix_gpu_admission_pod_security_unchecked",
+            "GPU objects given hostPath volumes while their namespace's Pod Security level was unknown",
+            registry=self.registry,
+        )
+        self.namespace_lookups = Counter(
+            "ix_gpu_namespace_lookups",
+            "Namespace fact lookups: hit (cache), fetched (direct GET on a miss), absent (404), failed.",
+            ("result",),
+            registry=self.registry,
+        )
+        self.namespace_relists = Counter(
+            "ix_gpu_namespace_cache_relists",
+            "Full namespace lists by the cache (startup, 410 Gone, recovery after errors).",
+            registry=self.registry,
+        )
+        self.namespace_watch_errors = Counter(
+            "ix_gpu_namespace_cache_watch_errors",
+            "Errors of the namespace list/watch (each followed by a backoff).",
+            registry=self.registry,
+        )
+        self.config_info = Gauge(
+            "ix_gpu_config_info",
+            "1 for the digest of the config being served.",
+            ("digest",),
+            registry=self.registry,
+        )
+        self._kinds: set[str] = set()
+        self._request_children: dict[tuple[str, str, str], Counter] = {}
+        for result in (SUCCESS, ERROR):
+            self.config_reloads.labels(result)
+            self.cert_reloads.labels(result)
+        for result in ("hit", "fetched", "absent", "failed"):
+            self.namespace_lookups.labels(result)
+
+    def namespace_cache_gauges(self, size: Callable[[], float], staleness: Callable[[], float]) -> None:
+        """Expose the cache's size and staleness, computed at scrape time."""
+        Gauge(
+            "ix_gpu_namespace_cache_size",
+            "Namespaces held by the watch-backed cache.",
+            registry=self.registry,
+        ).set_function(size)
+        Gauge(
+            "ix_gpu_namespace_cache_staleness_seconds",
+            "Seconds since the cache last heard from the API server (list, watch event or bookmark).",
+            registry=self.registry,
+        ).set_function(staleness)
+
+    def set_config_digest(self, old: str | None, new: str) -> None:
+        if old is not None and old != new:
+            self.config_info.remove(old)
+        self.config_info.labels(new).set(1)
+
+    def count_request(self, kind: str, operation: str, result: str) -> None:
+        key = (kind, operation, result)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._new_child(kind, operation, result)
+        child.inc()
+
+    def _new_child(self, kind: str, operation: str, result: str) -> Counter:
+        key = (kind, operation, result)
+        if operation not in OPERATIONS and operation != UNKNOWN:
+            operation = OTHER
+        if kind not in self._kinds and kind != UNKNOWN:
+            if len(self._kinds) >= _MAX_KINDS:
+                kind = OTHER
+            else:
+                self._kinds.add(kind)
+        child = self.requests.labels(kind, operation, result)
+        if len(self._request_children) < 4 * _MAX_KINDS * len(RESULTS):
+            self._request_children[key] = child
+        return child
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,518 @@
+"""Self-managed certificates (the chart's default ``certs.mode: self``).
+
+Nothing is generated at template time — ``genCA`` in a chart gives a new CA on every render, which
+GitOps tools render constantly. Instead the webhook process, at start:
+
+1. reads its Secret; when absent, creates it with a new CA and serving certificate. Create is
+   create-if-absent and every update carries the resourceVersion it read, so replicas starting
+   together converge on whichever write won: a loser re-reads and adopts it;
+2. patches the caBundle of its own MutatingWebhookConfiguration when it differs;
+3. writes ``tls.crt``/``tls.key`` into ``--cert-dir``, where the service's reloader picks them up.
+
+It then re-checks periodically. A serving certificate with less than a third of its validity left
+(or whose SANs no longer match) is re-issued from the same CA, so the caBundle does not change and
+webhooks in flight never see an unknown issuer. Only when the CA itself would expire first is a
+new CA made; the caBundle then holds the new and the old CA (``ca-bundle.crt``) and is patched
+*before* a certificate from the new CA is written for the server to load.
+
+The Secret keys: ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key`` (type kubernetes.io/tls) and
+``ca-bundle.crt``. The kubernetes client is reached through :class:`ClusterApi`, so the logic is
+tested against a local stand-in and the adapter against a real apiserver.
+
+Import-light on purpose: ``register``-time code (:func:`add_arguments`) must not import the
+kubernetes client or cryptography.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ix_gpu.devicemodel.text import one_line
+from ix_gpu.runtime.kube import client_configuration
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+log = logging.getLogger("ix_gpu.self_certs")
+
+CA_CERT = "ca.crt"
+CA_KEY = "ca.key"
+CA_BUNDLE = "ca-bundle.crt"
+TLS_CERT = "tls.crt"
+TLS_KEY = "tls.key"
+SECRET_KEYS = (CA_CERT, CA_KEY, CA_BUNDLE, TLS_CERT, TLS_KEY)
+
+
+class SelfCertError(Exception):
+    """The certificate Secret or the webhook configuration could not be brought into shape."""
+
+
+@dataclass(frozen=True)
+class StoredSecret:
+    data: dict[str, bytes]
+    resource_version: str
+
+
+class ClusterApi(Protocol):
+    """The four calls self mode makes — exactly what the chart's RBAC grants."""
+
+    def read_secret(self, namespace: str, name: str) -> StoredSecret | None: ...
+
+    def create_secret(self, namespace: str, name: str, data: dict[str, bytes]) -> bool:
+        """False when the Secret already exists (another replica was first)."""
+        ...
+
+    def replace_secret(
+        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str
+    ) -> bool:
+        """False on a resourceVersion conflict (another replica wrote in between)."""
+        ...
+
+    def read_ca_bundles(self, configuration: str) -> list[tuple[str, bytes | None]]:
+        """(webhook name, decoded caBundle or None) for each webhook of the configuration."""
+        ...
+
+    def patch_ca_bundles(self, configuration: str, patch: list[dict[str, Any]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class SelfCertSettings:
+    namespace: str
+    secret_name: str
+    webhook_configuration: str
+    dns_names: tuple[str, ...]
+    cert_dir: Path
+    validity: dt.timedelta = dt.timedelta(days=90)
+    ca_validity: dt.timedelta = dt.timedelta(days=3650)
+    renew_fraction: float = 1 / 3
+    """Renew when less than this fraction of the serving certificate's validity is left."""
+    check_interval: float = 600.0
+
+
+@dataclass
+class _Material:
+    ca_cert: bytes
+    ca_key: bytes
+    ca_bundle: bytes
+    cert: bytes
+    key: bytes
+
+    def secret_data(self) -> dict[str, bytes]:
+        return {
+            CA_CERT: self.ca_cert,
+            CA_KEY: self.ca_key,
+            CA_BUNDLE: self.ca_bundle,
+            TLS_CERT: self.cert,
+            TLS_KEY: self.key,
+        }
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _load_cert(pem: bytes) -> x509.Certificate:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(pem)
+
+
+def _split_pems(bundle: bytes) -> list[bytes]:
+    marker = b"-----END CERTIFICATE-----"
+    return [chunk.strip() + b"\n" + marker + b"\n" for chunk in bundle.split(marker)[:-1]]
+
+
+@dataclass
+class SelfCertManager:
+    settings: SelfCertSettings
+    api: ClusterApi
+    clock: Callable[[], dt.datetime] = _now
+    served: bytes | None = field(default=None, init=False)
+    """The tls.crt last written to the cert dir."""
+    events: list[str] = field(default_factory=list, init=False)
+    """What this manager did, in order (for logs and tests): created, renewed, rotated-ca,
+    adopted, patched-ca-bundle, wrote-cert."""
+
+    # ---------------------------------------------------------------- decisions
+
+    def _issue(self, ca_cert: bytes, ca_key: bytes) -> tuple[bytes, bytes]:
+        return issue_from_ca(ca_cert, ca_key, self.settings.dns_names, self.clock(), self.settings.validity)
+
+    def _new_material(self, previous_bundle: bytes = b"") -> _Material:
+        ca_cert, ca_key = new_ca(self.clock(), self.settings.ca_validity)
+        cert, key = self._issue(ca_cert, ca_key)
+        # Keep CAs that still verify certificates in flight, so replicas still serving one of them
+        # are trusted until they pick up the new certificate.
+        still_valid = [pem for pem in _split_pems(previous_bundle) if self._not_expired(pem)]
+        return _Material(ca_cert, ca_key, ca_cert + b"".join(still_valid), cert, key)
+
+    def _not_expired(self, pem: bytes) -> bool:
+        try:
+            return _load_cert(pem).not_valid_after_utc > self.clock()
+        except ValueError:
+            return False
+
+    def _needs_new_ca(self, material: _Material) -> str | None:
+        from cryptography.hazmat.primitives import serialization
+
+        try:
+            ca = _load_cert(material.ca_cert)
+            ca_key = serialization.load_pem_private_key(material.ca_key, password=None)
+        except (ValueError, TypeError) as exc:
+            return f"unreadable CA: {exc}"
+        if ca.public_key() != ca_key.public_key():
+            return "ca.key does not belong to ca.crt"
+        if ca.not_valid_after_utc < self.clock() + self.settings.validity:
+            return "the CA expires before a new serving certificate would"
+        return None
+
+    def _needs_new_cert(self, material: _Material) -> str | None:
+        from cryptography import x509
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import serialization
+
+        try:
+            cert = _load_cert(material.cert)
+            key = serialization.load_pem_private_key(material.key, password=None)
+            cert.verify_directly_issued_by(_load_cert(material.ca_cert))
+        except (ValueError, TypeError, InvalidSignature) as exc:
+            return f"serving certificate unusable: {exc}"
+        if cert.public_key() != key.public_key():
+            return "tls.key does not belong to tls.crt"
+        try:
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            names = set(sans.get_values_for_type(x509.DNSName))
+        except x509.ExtensionNotFound:
+            names = set()
+        if not set(self.settings.dns_names) <= names:
+            return f"serving certificate lacks DNS names {sorted(set(self.settings.dns_names) - names)}"
+        left = cert.not_valid_after_utc - self.clock()
+        total = cert.not_valid_after_utc - cert.not_valid_before_utc
+        if left < total * self.settings.renew_fraction:
+            return f"serving certificate expires in {left}"
+        return None
+
+    # ---------------------------------------------------------------- the loop body
+
+    def ensure(self, attempts: int = 8) -> None:
+        """Bring Secret, caBundle and cert dir in line; safe to call from every replica at once."""
+        for _ in range(attempts):
+            before = len(self.events)
+            material = self._settle_secret()
+            if material is not None:
+                self._publish(material, wrote_secret=len(self.events) > before)
+                return
+        raise SelfCertError(
+            f"Secret {self.settings.namespace}/{self.settings.secret_name}: still conflicting "
+            f"after {attempts} attempts"
+        )
+
+    def _settle_secret(self) -> _Material | None:
+        """The material in the Secret after at most one write of ours; None = lost a race, retry."""
+        s = self.settings
+        stored = self.api.read_secret(s.namespace, s.secret_name)
+        if stored is None:
+            material = self._new_material()
+            if self.api.create_secret(s.namespace, s.secret_name, material.secret_data()):
+                self._note("created", f"created Secret {s.namespace}/{s.secret_name} with a new CA")
+                return material
+            return None  # another replica created it first: adopt theirs on the next read
+        data = stored.data
+        missing = [key for key in (CA_CERT, CA_KEY, TLS_CERT, TLS_KEY) if not data.get(key)]
+        if missing:
+            reason: str | None = f"Secret lacks {missing}"
+            material = self._new_material()
+            event = "rotated-ca"
+        else:
+            material = _Material(
+                data[CA_CERT],
+                data[CA_KEY],
+                data.get(CA_BUNDLE) or data[CA_CERT],
+                data[TLS_CERT],
+                data[TLS_KEY],
+            )
+            reason = self._needs_new_ca(material)
+            if reason is not None:
+                material = self._new_material(previous_bundle=material.ca_bundle)
+                event = "rotated-ca"
+            else:
+                reason = self._needs_new_cert(material)
+                if reason is None:
+                    return material
+                material.cert, material.key = self._issue(material.ca_cert, material.ca_key)
+                event = "renewed"
+        if not self.api.replace_secret(
+            s.namespace, s.secret_name, material.secret_data(), stored.resource_version
+        ):
+            return None
+        self._note(event, f"{event} the webhook certificate: {reason}")
+        return material
+
+    def _publish(self, material: _Material, wrote_secret: bool) -> None:
+        # Order matters: the apiserver must trust the CA before the server presents a certificate
+        # signed by it.
+        self._ensure_ca_bundle(material.ca_bundle)
+        if material.cert != self.served:
+            write_pair(self.settings.cert_dir, material.cert, material.key)
+            if self.served is not None and not wrote_secret:
+                self._note("adopted", "serving a new certificate another replica wrote to the Secret")
+            self.served = material.cert
+            self.events.append("wrote-cert")
+
+    def _ensure_ca_bundle(self, bundle: bytes) -> None:
+        name = self.settings.webhook_configuration
+        current = self.api.read_ca_bundles(name)
+        if not current:
+            raise SelfCertError(f"MutatingWebhookConfiguration {name} has no webhooks")
+        encoded = base64.b64encode(bundle).decode()
+        patch: list[dict[str, Any]] = []
+        for index, (webhook, value) in enumerate(current):
+            if value == bundle:
+                continue
+            # The test op pins the index to the webhook read: a concurrent reorder fails the whole
+            # patch instead of writing a caBundle into the wrong entry.
+            patch.append({"op": "test", "path": f"/webhooks/{index}/name", "value": webhook})
+            patch.append({"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": encoded})
+        if patch:
+            self.api.patch_ca_bundles(name, patch)
+            self._note("patched-ca-bundle", f"patched the caBundle of {name}")
+
+    def _note(self, event: str, message: str) -> None:
+        self.events.append(event)
+        log.info(
+            message, extra={"fields": {"secret": f"{self.settings.namespace}/{self.settings.secret_name}"}}
+        )
+
+    # ---------------------------------------------------------------- background renewal
+
+    def run_forever(self, stop: threading.Event) -> None:
+        failures = 0
+        while not stop.wait(self.settings.check_interval if failures == 0 else min(300.0, 5.0 * 2**failures)):
+            try:
+                self.ensure()
+                failures = 0
+            except Exception as exc:  # API errors of every kind: keep serving, retry with backoff
+                failures = min(failures + 1, 6)
+                log.error(
+                    "self certificates: check failed; still serving the current certificate",
+                    extra={"fields": {"error": one_line(exc)}},
+                )
+
+    def start(self) -> threading.Event:
+        stop = threading.Event()
+        threading.Thread(target=self.run_forever, args=(stop,), name="self-certs", daemon=True).start()
+        return stop
+
+
+def new_ca(now: dt.datetime, validity: dt.timedelta) -> tuple[bytes, bytes]:
+    """A self-signed CA valid from ``now`` on the manager's clock (PEM cert, PEM key)."""
+    from ix_gpu.webhook.service.certificates import generate_ca
+
+    return generate_ca(f"ix-gpu-webhook-ca-{now:%Y%m%d%H%M%S}", valid_for=validity, now=now)
+
+
+def issue_from_ca(
+    ca_cert_pem: bytes,
+    ca_key_pem: bytes,
+    dns_names: tuple[str, ...],
+    now: dt.datetime,
+    validity: dt.timedelta,
+) -> tuple[bytes, bytes]:
+    """A serving certificate (serverAuth, DNS SANs) signed by the CA, valid from ``now``."""
+    from ix_gpu.webhook.service.certificates import issue_serving_cert
+
+    try:
+        return issue_serving_cert(ca_cert_pem, ca_key_pem, list(dns_names), [], valid_for=validity, now=now)
+    except ValueError as exc:
+        raise SelfCertError(f"cannot issue from the CA in the Secret: {exc}") from None
+
+
+def write_pair(cert_dir: Path, cert: bytes, key: bytes) -> None:
+    """Write tls.key then tls.crt, each atomically (the reloader retries a mismatched pair)."""
+    cert_dir.mkdir(parents=True, exist_ok=True)
+    for name, data, mode in ((TLS_KEY, key, 0o600), (TLS_CERT, cert, 0o644)):
+        path = cert_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+
+
+# -------------------------------------------------------------------- the kubernetes client adapter
+
+
+class KubernetesClusterApi:
+    """:class:`ClusterApi` over the official client (kubeconfig or in-cluster service account)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._client = client
+        self._core = client.CoreV1Api(api_client)
+        self._admission = client.AdmissionregistrationV1Api(api_client)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None) -> KubernetesClusterApi:
+        from kubernetes import client
+
+        return cls(client.ApiClient(client_configuration(kubeconfig)))
+
+    def _status(self, exc: Exception) -> int | None:
+        status = getattr(exc, "status", None)
+        return status if isinstance(status, int) else None
+
+    def read_secret(self, namespace: str, name: str) -> StoredSecret | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            secret = self._core.read_namespaced_secret(name, namespace)
+        except ApiException as exc:
+            if self._status(exc) == 404:
+                return None
+            raise
+        data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
+        version = secret.metadata.resource_version if secret.metadata is not None else None
+        return StoredSecret(data, str(version or ""))
+
+    def _body(self, name: str, data: dict[str, bytes], resource_version: str | None) -> Any:
+        c = self._client
+        return c.V1Secret(
+            metadata=c.V1ObjectMeta(
+                name=name,
+                resource_version=resource_version,
+                labels={"app.kubernetes.io/managed-by": "ix-gpu-webhook"},
+            ),
+            type="kubernetes.io/tls",
+            data={key: base64.b64encode(value).decode() for key, value in data.items()},
+        )
+
+    def create_secret(self, namespace: str, name: str, data: dict[str, bytes]) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._core.create_namespaced_secret(namespace, self._body(name, data, None))
+        except ApiException as exc:
+            if self._status(exc) == 409:
+                return False
+            raise
+        return True
+
+    def replace_secret(
+        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str
+    ) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._core.replace_namespaced_secret(name, namespace, self._body(name, data, resource_version))
+        except ApiException as exc:
+            if self._status(exc) == 409:
+                return False
+            raise
+        return True
+
+    def read_ca_bundles(self, configuration: str) -> list[tuple[str, bytes | None]]:
+        mwc = self._admission.read_mutating_webhook_configuration(configuration)
+        out: list[tuple[str, bytes | None]] = []
+        for webhook in mwc.webhooks or []:
+            bundle = webhook.client_config.ca_bundle
+            out.append((webhook.name, base64.b64decode(bundle) if bundle else None))
+        return out
+
+    def patch_ca_bundles(self, configuration: str, patch: list[dict[str, Any]]) -> None:
+        # A list body makes the client send application/json-patch+json.
+        self._admission.patch_mutating_webhook_configuration(configuration, patch)
+
+
+# -------------------------------------------------------------------- ix-gpu webhook wiring
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``ix-gpu webhook`` flags of self mode (argparse only; nothing heavy is imported)."""
+    group = parser.add_argument_group("self-managed certificates (the chart's certs.mode: self)")
+    group.add_argument(
+        "--self-certs-secret",
+        metavar="NAMESPACE/NAME",
+        help="create (if absent), renew and serve the CA and serving certificate kept in this Secret",
+    )
+    group.add_argument(
+        "--webhook-configuration",
+        metavar="NAME",
+        help="MutatingWebhookConfiguration whose caBundle is kept in line (with --self-certs-secret)",
+    )
+    group.add_argument(
+        "--service-dns",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="DNS SAN of the serving certificate, e.g. svc.namespace.svc (repeatable)",
+    )
+    group.add_argument(
+        "--self-certs-validity-days",
+        type=int,
+        default=90,
+        metavar="N",
+        help="validity of the serving certificate; renewed with a third left (default 90)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> SelfCertSettings | None:
+    """None without ``--self-certs-secret``; otherwise checked settings (UsageError when wrong)."""
+    from ix_gpu.runtime.usage import UsageError
+
+    if not args.self_certs_secret:
+        if args.webhook_configuration or args.service_dns:
+            raise UsageError("--webhook-configuration and --service-dns need --self-certs-secret")
+        return None
+    namespace, sep, name = args.self_certs_secret.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise UsageError(f"--self-certs-secret: expected NAMESPACE/NAME, got {args.self_certs_secret!r}")
+    if not args.webhook_configuration:
+        raise UsageError("--self-certs-secret needs --webhook-configuration")
+    if not args.service_dns:
+        raise UsageError("--self-certs-secret needs at least one --service-dns")
+    if not 2 <= args.self_certs_validity_days <= 3650:
+        raise UsageError("--self-certs-validity-days must be between 2 and 3650")
+    return SelfCertSettings(
+        namespace=namespace,
+        secret_name=name,
+        webhook_configuration=args.webhook_configuration,
+        dns_names=tuple(args.service_dns),
+        cert_dir=Path(args.cert_dir),
+        validity=dt.timedelta(days=args.self_certs_validity_days),
+    )
+
+
+def start_from_args(args: argparse.Namespace, api: ClusterApi | None = None) -> SelfCertManager | None:
+    """Run before the service starts: the cert dir then holds the Secret's certificate, the
+    caBundle matches, and a daemon thread keeps both current. No-op without the flags."""
+    from ix_gpu.runtime import json_logging
+    from ix_gpu.runtime.usage import UsageError
+
+    settings = settings_from_args(args)
+    if settings is None:
+        return None
+    json_logging.configure(args.log_level)
+    if api is None:
+        try:
+            api = KubernetesClusterApi.connect(args.kubeconfig)
+        except Exception as exc:  # ConfigException, OSError, ...: one line for the operator
+            where = args.kubeconfig or "the in-cluster service account"
+            raise UsageError(f"self certificates: cannot use {where}: {one_line(exc)}") from None
+    manager = SelfCertManager(settings, api)
+    try:
+        manager.ensure()
+    except Exception as exc:
+        reason = one_line(exc)
+        raise UsageError(f"self certificates: {reason}") from None
+    manager.start()
+    return manager

@@ -1,0 +1,238 @@
+"""The running service: config, certificates, namespace facts, uvicorn over TLS, reload loops.
+
+Everything that can be wrong with the operator's input (config, certificate files, kubeconfig,
+address) is checked in :func:`prepare`, before a socket accepts anything, and reported as one
+:class:`StartupError` naming the file or field — a webhook that starts half-configured would fail
+every Pod create in the cluster instead of failing one rollout.
+
+The listening socket is bound here rather than by uvicorn so an address in use is a one-line
+startup error, and so ``--port 0`` can report the port it got (the tests rely on that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ix_gpu.devicemodel.schema_base import ConfigError
+from ix_gpu.devicemodel.text import one_line
+from ix_gpu.devicemodel.webhook_config import load_config
+from ix_gpu.runtime.kube import in_cluster
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.service.admission_handler import AdmissionHandler
+from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
+from ix_gpu.webhook.service.hot_reload import (
+    CertReloader,
+    ConfigReloader,
+    LiveConfig,
+    poll_forever,
+)
+from ix_gpu.webhook.service.limits import Limits, guarded_protocol
+from ix_gpu.webhook.service.metrics import ServiceMetrics
+from ix_gpu.webhook.service.namespace_cache import (
+    NamespaceCache,
+    NamespaceSource,
+    UnknownNamespaces,
+    kubernetes_api,
+)
+from ix_gpu.webhook.service.tls_context import server_context
+
+log = logging.getLogger("ix_gpu.webhook")
+
+DEV_DNS_NAMES = ["localhost"]
+DEV_IP_ADDRESSES = ["127.0.0.1"]
+
+
+class StartupError(Exception):
+    """The service cannot start as asked; ``str()`` is one line naming the culprit."""
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    config_path: str | None = None
+    cert_dir: str = "certs"
+    host: str = "127.0.0.1"
+    port: int = 8443
+    kubeconfig: str | None = None
+    reload_interval: float = 5.0
+    request_timeout: float = 10.0
+    namespace_lookup_timeout: float = 2.0
+    log_level: str = "info"
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class Service:
+    options: ServiceOptions
+    app: Any
+    ssl_context: ssl.SSLContext
+    sock: socket.socket
+    live_config: LiveConfig
+    namespaces: NamespaceSource
+    metrics: ServiceMetrics
+    pollers: list[Any] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        return f"https://{shown}:{port}"
+
+
+def ensure_certificates(cert_dir: Path) -> tuple[Path, Path]:
+    """The serving cert and key in ``cert_dir``; development ones are generated when both are absent."""
+    cert, key = cert_dir / CERT_FILE, cert_dir / KEY_FILE
+    has_cert, has_key = cert.exists(), key.exists()
+    if has_cert and has_key:
+        return cert, key
+    if has_cert != has_key:
+        present, missing = (cert, key) if has_cert else (key, cert)
+        raise StartupError(f"{present} exists but {missing} does not: provide both, or neither (generated)")
+    try:
+        write_bundle(generate_bundle(DEV_DNS_NAMES, DEV_IP_ADDRESSES), cert_dir)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise StartupError(f"cannot write development certificates to {cert_dir}: {reason}") from None
+    log.warning(
+        "no tls.crt/tls.key: generated development certificates for localhost and 127.0.0.1 (trust ca.crt)",
+        extra={"fields": {"certDir": str(cert_dir), "ca": str(cert_dir / CA_FILE)}},
+    )
+    return cert, key
+
+
+def _load_config(path: str | None) -> tuple[LiveConfig, bytes | None]:
+    content: bytes | None = None
+    if path is not None:
+        try:
+            content = Path(path).read_bytes()
+        except OSError as exc:
+            raise StartupError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        compiled = CompiledConfig(load_config(path))
+    except ConfigError as exc:
+        raise StartupError(f"invalid config: {exc}") from None
+    return LiveConfig(compiled, Path(path) if path is not None else None), content
+
+
+def _namespace_source(options: ServiceOptions, metrics: ServiceMetrics) -> NamespaceSource:
+    kubeconfig = options.kubeconfig
+    if kubeconfig is None and not in_cluster():
+        log.warning(
+            "no --kubeconfig and not running in a cluster: namespace facts are unknown, so namespace "
+            "opt-outs (ix-gpu.io/inject=disabled on a Namespace) and Pod Security levels are not seen",
+        )
+        return UnknownNamespaces()
+    try:
+        api = kubernetes_api(kubeconfig)
+    except Exception as exc:  # the client raises ConfigException, OSError, ValueError, yaml errors...
+        where = kubeconfig if kubeconfig is not None else "in-cluster service account"
+        reason = one_line(exc)
+        raise StartupError(f"cannot use {where} to reach the API server: {reason}") from None
+    log.info(
+        "namespace facts from a watch-backed cache",
+        extra={"fields": {"kubeconfig": kubeconfig or "in-cluster"}},
+    )
+    return NamespaceCache(api, metrics=metrics, lookup_timeout=options.namespace_lookup_timeout)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def prepare(options: ServiceOptions) -> Service:
+    """Load and check everything, bind the socket; nothing is served yet."""
+    from ix_gpu.webhook.service.app import create_app
+
+    metrics = ServiceMetrics()
+    live, config_content = _load_config(options.config_path)
+    metrics.set_config_digest(None, live.current.digest)
+
+    cert_dir = Path(options.cert_dir)
+    cert_path, key_path = ensure_certificates(cert_dir)
+    try:
+        pair = cert_path.read_bytes(), key_path.read_bytes()
+        context = server_context(*pair)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise StartupError(f"cannot load {cert_path} / {key_path}: {one_line(exc)}") from None
+    cert_reloader = CertReloader(context, cert_path, key_path, metrics, pair)
+    pollers: list[Any] = [cert_reloader.poll]
+    if config_content is not None:
+        pollers.append(ConfigReloader(live, metrics, config_content).poll)
+
+    namespaces = _namespace_source(options, metrics)
+    handler = AdmissionHandler(live, namespaces, metrics, options.limits)
+
+    def readiness() -> tuple[bool, dict[str, Any]]:
+        details = {
+            "config": live.status(),
+            "certs": cert_reloader.status(),
+            "namespaces": namespaces.status(),
+        }
+        return namespaces.ready(), details
+
+    app = create_app(
+        handler,
+        metrics,
+        readiness,
+        request_timeout=options.request_timeout,
+        max_inflight_body_bytes=options.limits.max_inflight_body_bytes,
+    )
+    sock = _bind(options.host, options.port)
+    return Service(options, app, context, sock, live, namespaces, metrics, pollers)
+
+
+async def serve(service: Service) -> None:
+    import uvicorn
+
+    refused = service.metrics.connections_refused
+    config = uvicorn.Config(
+        service.app,
+        http=guarded_protocol(service.options.limits, lambda reason: refused.labels(reason).inc()),
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        # The apiserver keeps connections to webhooks; a longer idle timeout saves handshakes.
+        timeout_keep_alive=30,
+        ssl_context_factory=lambda _config, _default: service.ssl_context,
+    )
+    server = uvicorn.Server(config)
+    service.namespaces.start()
+    reloads = asyncio.create_task(poll_forever(service.options.reload_interval, service.pollers))
+    log.info(
+        "serving AdmissionReview v1",
+        extra={
+            "fields": {
+                "url": service.url + "/mutate",
+                "config": service.live_config.source,
+                "digest": service.live_config.current.digest,
+                "namespaces": service.namespaces.mode,
+            }
+        },
+    )
+    try:
+        await server.serve(sockets=[service.sock])
+    finally:
+        reloads.cancel()
+        service.namespaces.stop()
+
+
+def run_service(options: ServiceOptions) -> int:
+    """Prepare (raising :class:`StartupError`) and serve until SIGINT/SIGTERM."""
+    import uvloop
+
+    from ix_gpu.runtime import json_logging
+
+    json_logging.configure(options.log_level)
+    service = prepare(options)
+    uvloop.run(serve(service))
+    return 0

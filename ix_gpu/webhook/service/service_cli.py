@@ -1,0 +1,148 @@
+"""``ix-gpu webhook``: the HTTPS admission service.
+
+Registration only declares arguments: FastAPI, uvicorn and the kubernetes client are imported by
+the handler, so ``ix-gpu mutate`` and ``--help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
+from ix_gpu.webhook.service.limits import Limits
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
+    webhook = subparsers.add_parser(
+        "webhook",
+        help="run the mutating admission webhook (HTTPS AdmissionReview v1 on /mutate)",
+        description=(
+            "Serve POST /mutate (AdmissionReview admission.k8s.io/v1), GET /healthz, /readyz and "
+            "/metrics over HTTPS. Without tls.crt/tls.key in --cert-dir, development certificates for "
+            "localhost and 127.0.0.1 are generated there (trust ca.crt). Certificate and config files "
+            "are re-read when their content changes. Without --kubeconfig and outside a cluster, "
+            "namespace annotations and labels are unknown (said at startup)."
+        ),
+    )
+    webhook.add_argument("--config", metavar="FILE", help="webhook config (default: the built-in one)")
+    webhook.add_argument(
+        "--cert-dir",
+        default="certs",
+        metavar="DIR",
+        help="directory with tls.crt and tls.key (default: certs)",
+    )
+    webhook.add_argument(
+        "--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default: 127.0.0.1)"
+    )
+    webhook.add_argument(
+        "--port", default=8443, type=port_number, metavar="N", help="port (default: 8443; 0 picks a free one)"
+    )
+    webhook.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig for namespace lookups (default: in a Pod its service account, else none)",
+    )
+    webhook.add_argument(
+        "--reload-interval",
+        default=5.0,
+        type=_seconds,
+        metavar="SECONDS",
+        help="how often cert and config files are checked for new content (default: 5)",
+    )
+    webhook.add_argument(
+        "--request-timeout",
+        default=10.0,
+        type=_seconds,
+        metavar="SECONDS",
+        help="longest wait for a request body before answering 408 (default: 10)",
+    )
+    add_log_level(webhook, "; info logs one line per admission")
+    defaults = Limits()
+    limits = webhook.add_argument_group(
+        "limits", "what one client can make the webhook hold (connections, header and body bytes, CPU time)"
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=defaults.max_connections,
+        metavar="N",
+        help=f"open connections at most; more are closed at once (default: {defaults.max_connections})",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=defaults.header_timeout,
+        metavar="SECONDS",
+        help="request headers must arrive within this time, else the connection is closed "
+        f"(default: {defaults.header_timeout:g})",
+    )
+    limits.add_argument(
+        "--max-inflight-mib",
+        type=_positive_int,
+        default=defaults.max_inflight_body_bytes >> 20,
+        metavar="MIB",
+        help="request body bytes held across all connections; past it a review is answered 503 with "
+        f"Retry-After before it is read (default: {defaults.max_inflight_body_bytes >> 20})",
+    )
+    limits.add_argument(
+        "--request-budget",
+        type=_seconds,
+        default=defaults.request_budget,
+        metavar="SECONDS",
+        help=f"reviews over {defaults.offload_bytes >> 10} KiB are parsed and mutated off the event loop, "
+        "one at a time; one not answered within this budget gets 503 with Retry-After "
+        f"(default: {defaults.request_budget:g})",
+    )
+    from ix_gpu.webhook.service.self_certs import add_arguments as add_self_cert_arguments
+
+    add_self_cert_arguments(webhook)
+    webhook.set_defaults(handler=_run_webhook)
+
+
+def _run_webhook(args: argparse.Namespace) -> int:
+    from ix_gpu.webhook.service.self_certs import start_from_args
+    from ix_gpu.webhook.service.server import ServiceOptions, StartupError, run_service
+
+    start_from_args(args)
+
+    options = ServiceOptions(
+        config_path=args.config,
+        cert_dir=args.cert_dir,
+        host=args.host,
+        port=args.port,
+        kubeconfig=args.kubeconfig,
+        reload_interval=args.reload_interval,
+        request_timeout=args.request_timeout,
+        log_level=args.log_level,
+        limits=Limits(
+            max_connections=args.max_connections,
+            header_timeout=args.header_timeout,
+            max_inflight_body_bytes=args.max_inflight_mib << 20,
+            request_budget=args.request_budget,
+        ),
+    )
+    try:
+        return run_service(options)
+    except StartupError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,1 +1,0 @@
-"""The device plugin (kubelet device-plugin API v1beta1)."""

@@ -1,0 +1,169 @@
+"""The package layout's import rules, checked by walking every module's AST.
+
+The folders show the layers (``devicemodel`` < ``runtime`` < ``webhook`` / ``plugin``; the webhook's
+pure ``core`` beside its ``service``); these rules keep the picture true as the code grows. Every
+import counts, including the lazy ones inside functions, because a lazy import of fastapi in the
+core would still make the core impure.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.paths import ROOT
+
+PACKAGE = ROOT / "ix_gpu"
+
+# The pure core may import these and nothing else (standard-library modules without I/O).
+CORE_ALLOWED = (
+    "__future__",
+    "collections",
+    "dataclasses",
+    "enum",
+    "fnmatch",
+    "fractions",
+    "functools",
+    "itertools",
+    "math",
+    "re",
+    "typing",
+    "ix_gpu.devicemodel",
+    "ix_gpu.webhook.core",
+)
+
+# (importer prefix, forbidden prefixes, why)
+RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "ix_gpu.devicemodel",
+        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.runtime", "ix_gpu.cli"),
+        "the device model is the bottom layer",
+    ),
+    (
+        "ix_gpu.runtime",
+        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.cli"),
+        "the runtime layer sits below both processes",
+    ),
+    ("ix_gpu.webhook", ("ix_gpu.plugin", "ix_gpu.cli"), "the webhook and the plugin are independent"),
+    ("ix_gpu.plugin", ("ix_gpu.webhook", "ix_gpu.cli"), "the webhook and the plugin are independent"),
+    (
+        "ix_gpu.plugin.backends",
+        ("ix_gpu.plugin.server", "ix_gpu.plugin.devices", "ix_gpu.plugin.api", "grpc"),
+        "backends know chips, not the device list or gRPC",
+    ),
+    (
+        "ix_gpu.plugin.devices",
+        ("ix_gpu.plugin.server", "ix_gpu.plugin.api", "grpc", "pynvml", "ctypes"),
+        "the device list is pure of gRPC and of management libraries",
+    ),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(source: str, module: str, is_package: bool) -> Iterator[str]:
+    """Every module an import statement in ``source`` names, relative imports resolved."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield target
+            # "from ix_gpu.webhook import service" imports the submodule ix_gpu.webhook.service
+            yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(module: str, imported: list[str]) -> list[str]:
+    found = []
+    for importer, forbidden, why in RULES:
+        if not under(module, importer):
+            continue
+        for name in imported:
+            for prefix in forbidden:
+                if under(name, prefix):
+                    found.append(f"{module} imports {name}: {why}")
+    if under(module, "ix_gpu.webhook.core"):
+        for name in imported:
+            top_allowed = any(under(name, allowed) for allowed in CORE_ALLOWED)
+            # "from typing import Any" also yields "typing.Any": allowed under its module.
+            if not top_allowed:
+                found.append(f"{module} imports {name}: the webhook core imports no I/O, only {CORE_ALLOWED}")
+    return sorted(set(found))
+
+
+def package_modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_the_package_obeys_the_import_rules() -> None:
+    problems = []
+    for path in package_modules():
+        module = module_name(path)
+        found = list(imports(path.read_text(), module, path.name == "__init__.py"))
+        problems += violations(module, found)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_walk_sees_every_layer() -> None:
+    names = {module_name(p) for p in package_modules()}
+    for layer in (
+        "ix_gpu.devicemodel",
+        "ix_gpu.runtime",
+        "ix_gpu.webhook.core",
+        "ix_gpu.webhook.service",
+        "ix_gpu.plugin.backends",
+        "ix_gpu.plugin.devices",
+        "ix_gpu.plugin.server",
+        "ix_gpu.plugin.api",
+    ):
+        assert layer in names, f"{layer} is missing: the rules would check nothing"
+        doc = ast.get_docstring(ast.parse((ROOT / layer.replace(".", "/") / "__init__.py").read_text()))
+        assert doc, f"{layer}/__init__.py says what the folder holds and may import"
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("ix_gpu.webhook.core.mutation", "import fastapi", "fastapi"),
+        ("ix_gpu.webhook.core.mutation", "def f():\n    import socket\n", "socket"),
+        ("ix_gpu.webhook.core.mutation", "from ix_gpu.runtime import kube", "ix_gpu.runtime"),
+        ("ix_gpu.webhook.core.mutation", "from ..service import app", "ix_gpu.webhook.service"),
+        ("ix_gpu.webhook.service.app", "from ix_gpu.plugin.server import app", "ix_gpu.plugin"),
+        ("ix_gpu.plugin.server.app", "import ix_gpu.webhook.core.mutation", "ix_gpu.webhook"),
+        ("ix_gpu.devicemodel.labels", "from ix_gpu import webhook", "ix_gpu.webhook"),
+        ("ix_gpu.devicemodel.labels", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime"),
+        ("ix_gpu.runtime.kube", "from ix_gpu.cli import UsageError", "ix_gpu.cli"),
+        ("ix_gpu.plugin.devices.allocation", "import grpc", "grpc"),
+        ("ix_gpu.plugin.backends.fake", "from ix_gpu.plugin.devices import device_list", "devices"),
+    ],
+)
+def test_each_rule_catches_a_violation(module: str, source: str, expected: str) -> None:
+    """The checker itself can fail: each forbidden import, written the way code writes it, is found."""
+    found = violations(module, list(imports(source, module, is_package=False)))
+    assert any(expected in line for line in found), found
+
+
+def test_allowed_imports_pass() -> None:
+    source = (
+        "from __future__ import annotations\nimport re\nfrom typing import Any\n"
+        "from ix_gpu.devicemodel import labels\nfrom .patch_ops import Op\n"
+    )
+    module = "ix_gpu.webhook.core.mutation"
+    assert violations(module, list(imports(source, module, is_package=False))) == []

@@ -1,1 +1,0 @@
-"""The mutating admission webhook: a pure mutation core and the thin HTTPS service around it."""
