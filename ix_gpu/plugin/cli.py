@@ -78,15 +78,13 @@ class LoadedConfig(NamedTuple):
 def _load_config(args: argparse.Namespace) -> LoadedConfig:
     from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig
     from ix_gpu.devicemodel.schema_base import parse_yaml
+    from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
 
     path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
     if not args.config and not path.exists():
         return LoadedConfig(PluginConfig(), None, None)
     try:
-        content = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
+        content = read_capped(path, CONFIG_MAX_BYTES)
         return LoadedConfig(parse_yaml(PluginConfig, content, str(path)), path, content)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None

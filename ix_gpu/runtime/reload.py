@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from ix_gpu.devicemodel.text import one_line
+from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, ConfigError, read_capped
 from ix_gpu.runtime.outcomes import ERROR, SUCCESS
 
 T = TypeVar("T")
 
-DEFAULT_MAX_BYTES = 1 << 20
-"""1 MiB: what a ConfigMap can hold. A larger file is refused before it is parsed."""
+DEFAULT_MAX_BYTES = CONFIG_MAX_BYTES
+"""1 MiB: what a ConfigMap can hold. A larger file is refused unread."""
 
 
 def content_digest(*parts: bytes) -> str:
@@ -39,15 +40,6 @@ def content_digest(*parts: bytes) -> str:
         hasher.update(len(part).to_bytes(8, "big"))
         hasher.update(part)
     return hasher.hexdigest()
-
-
-def read_capped(path: Path, max_bytes: int) -> bytes:
-    """The file's bytes; ``ValueError`` when it holds more than ``max_bytes`` (read no further)."""
-    with path.open("rb") as handle:
-        data = handle.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ValueError(f"{path}: larger than {max_bytes} bytes")
-    return data
 
 
 class LastGoodFiles(Generic[T]):
@@ -85,17 +77,12 @@ class LastGoodFiles(Generic[T]):
         """Read the files; the newly parsed value when their content changed and is good, else None."""
         try:
             contents = [read_capped(path, self._max_bytes) for path in self.paths]
-        except OSError as exc:
-            # A ConfigMap mid-swap can briefly lack the file; the next poll sees the new one.
-            message = f"{exc.filename or self.paths[0]}: cannot read: {exc.strerror or one_line(exc)}"
-            if message != self.last_error:  # once per outage, not once per poll
-                self._fail(message)
-            self._seen = ""
-            return None
-        except ValueError as exc:  # too large: refused unread, once per distinct outcome
-            if self._seen != str(exc):
-                self._seen = str(exc)
+        except ConfigError as exc:
+            # Unreadable (a ConfigMap mid-swap can briefly lack the file; the next poll sees the
+            # new one) or too large (refused unread): reported once per outage, not once per poll.
+            if str(exc) != self.last_error:
                 self._fail(str(exc))
+            self._seen = ""
             return None
         digest = content_digest(*contents)
         if digest == self._seen:

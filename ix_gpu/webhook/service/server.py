@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ix_gpu.devicemodel.schema_base import ConfigError
+from ix_gpu.devicemodel.schema_base import ConfigError, parse_yaml
 from ix_gpu.devicemodel.text import one_line
-from ix_gpu.devicemodel.webhook_config import load_config
+from ix_gpu.devicemodel.webhook_config import WebhookConfig, default_config
+from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
 from ix_gpu.runtime.kube import in_cluster
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
@@ -106,17 +107,19 @@ def ensure_certificates(cert_dir: Path) -> tuple[Path, Path]:
 
 
 def _load_config(path: str | None) -> tuple[LiveConfig, bytes | None]:
-    content: bytes | None = None
-    if path is not None:
-        try:
-            content = Path(path).read_bytes()
-        except OSError as exc:
-            raise StartupError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    """The config to start with and the bytes it came from (read once: the reloader compares
+    later content with exactly these)."""
+    if path is None:
+        return LiveConfig(CompiledConfig(default_config()), None), None
     try:
-        compiled = CompiledConfig(load_config(path))
+        content = read_capped(path, CONFIG_MAX_BYTES)
+    except ConfigError as exc:
+        raise StartupError(str(exc)) from None
+    try:
+        compiled = CompiledConfig(parse_yaml(WebhookConfig, content, path))
     except ConfigError as exc:
         raise StartupError(f"invalid config: {exc}") from None
-    return LiveConfig(compiled, Path(path) if path is not None else None), content
+    return LiveConfig(compiled, Path(path)), content
 
 
 def _namespace_source(options: ServiceOptions, metrics: ServiceMetrics) -> NamespaceSource:
