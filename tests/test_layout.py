@@ -22,6 +22,7 @@ PACKAGE = ROOT / "ix_gpu"
 CORE_ALLOWED = (
     "__future__",
     "collections",
+    "copy",
     "dataclasses",
     "enum",
     "fnmatch",
@@ -29,6 +30,7 @@ CORE_ALLOWED = (
     "functools",
     "itertools",
     "math",
+    "orjson",  # serialization in C; no I/O
     "re",
     "typing",
     "ix_gpu.devicemodel",

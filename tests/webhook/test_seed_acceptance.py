@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import jsonpatch
@@ -36,11 +37,14 @@ def test_seed_tfjob_becomes_the_handwritten_one(seed_compiled: CompiledConfig) -
         assert got_container[key] == want_container[key], key
     assert got["spec"]["volumes"] == want["spec"]["volumes"]
     assert got["spec"]["restartPolicy"] == want["spec"]["restartPolicy"]
-    # Everything else the user wrote is kept; our only addition beyond the seed is the status mark.
+    # Everything else the user wrote is kept; our only additions beyond the seed are the status
+    # marks: which config applied, and the record of what it added (for a later config change).
+    record = got["metadata"]["annotations"].pop(labels.INJECTED_ITEMS)
     assert got["metadata"] == {
         "creationTimestamp": None,
         "annotations": {labels.INJECTED: f"nvidia@{seed_compiled.digest}"},
     }
+    assert ["/spec/volumes", want["spec"]["volumes"]] in json.loads(record)["ops"]
     validate_pod_template(got)
 
 

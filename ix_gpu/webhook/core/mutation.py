@@ -17,7 +17,8 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied, skipped
 from ix_gpu.webhook.core.gpu_requests import GpuContainer, GpuRequestError, gpu_containers
-from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template
+from ix_gpu.webhook.core.injection_record import strip_stale
+from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template, same
 from ix_gpu.webhook.core.templates import PodTemplate, find_templates
 
 _PSA_LEVELS = ("privileged", "baseline", "restricted")
@@ -130,25 +131,32 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
         return skipped(f"object opted out ({labels.INJECT}={labels.INJECT_DISABLED})")
 
     plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []
+    stale_ops: list[dict[str, Any]] = []
     opted_out_templates = 0
     templates = find_templates(obj, workload.template_paths)
     if len(templates) > MAX_TEMPLATES:
         return denied(f"{kind} holds {len(templates)} pod templates; the webhook handles {MAX_TEMPLATES}")
     try:
-        for template in templates:
-            spec = template.body.get("spec")
-            if not isinstance(spec, dict):
+        for found in templates:
+            if not isinstance(found.body.get("spec"), dict):
                 continue
-            template_annotations = _string_map(_string_map(template.body, "metadata"), "annotations")
-            if template.pointer and _opted_out(template_annotations):
+            template_annotations = _string_map(_string_map(found.body, "metadata"), "annotations")
+            if found.pointer and _opted_out(template_annotations):
                 opted_out_templates += 1
                 continue
-            containers = gpu_containers(spec, config, template.where)
+            # Injected under another config: take back what that injection recorded, then decide
+            # on the template as it is without it (see injection_record).
+            template, removal = strip_stale(found, config.digest, same)
+            stale_ops += removal
+            containers = gpu_containers(template.body["spec"], config, template.where)
             if containers:
                 plans.append((template, containers, _gpu_types(template_annotations, annotations)))
     except GpuRequestError as exc:
         return denied(str(exc))
     if not plans:
+        if stale_ops:
+            reason = "removed what an earlier config injected; nothing to inject now"
+            return MutationResult(Decision.MUTATED, stale_ops, [], reason)
         if opted_out_templates:
             return skipped("every GPU template opted out, or no container requests a configured GPU")
         return skipped("no container requests a configured GPU resource")
@@ -158,6 +166,7 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
         host_path_block=_host_path_block(namespace),
         privileged_block=_privileged_block(namespace, config),
     )
+    run.ops += stale_ops  # first: the injection ops below are computed on the stripped templates
     try:
         for template, containers, gpu_types in plans:
             inject_template(template, containers, gpu_types, run)

@@ -20,6 +20,7 @@ from ix_gpu.devicemodel.webhook_config import EnvMode, Privileged
 from ix_gpu.webhook.core import patch_ops
 from ix_gpu.webhook.core.compiled_config import CompiledProfile, InjectedEnv
 from ix_gpu.webhook.core.gpu_requests import GpuContainer
+from ix_gpu.webhook.core.injection_record import capture, merge_captured
 from ix_gpu.webhook.core.patch_ops import Op, token
 from ix_gpu.webhook.core.templates import PodTemplate
 
@@ -167,6 +168,7 @@ def inject_template(
 def _inject_template(
     template: PodTemplate, containers: list[GpuContainer], gpu_types: list[str], run: InjectionRun
 ) -> None:
+    start = len(run.ops)
     spec: dict[str, Any] = template.body["spec"]
     spec_ptr = f"{template.pointer}/spec"
     where = _prefix(template.where)
@@ -190,7 +192,9 @@ def _inject_template(
     names = [p.name for p in profiles]
     for name in names:
         run.profiles_used[name] = None
-    _set_injected_annotation(template, "+".join(names) + "@" + run.digest, run)
+    ops = run.ops[start:]
+    record = capture(template.pointer, spec, ops) if ops else None
+    _set_injected_annotations(template, "+".join(names) + "@" + run.digest, record, run)
 
 
 def _merge_volumes(
@@ -446,17 +450,31 @@ def _merge_runtime_class(
             )
 
 
-_INJECTED_TOKEN = token(labels.INJECTED)
-
-
-def _set_injected_annotation(template: PodTemplate, value: str, run: InjectionRun) -> None:
-    meta_ptr = f"{template.pointer}/metadata"
+def _set_injected_annotations(
+    template: PodTemplate, value: str, record: str | None, run: InjectionRun
+) -> None:
+    """``injected: <profiles>@<digest>``, and ``injected-items`` when this pass added anything
+    (merged with the record already there from a pass under the same config)."""
     metadata = template.body.get("metadata")
-    if not isinstance(metadata, dict):
-        run.ops.append(patch_ops.add(meta_ptr, {"annotations": {labels.INJECTED: value}}))
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    present: dict[str, Any] = annotations if isinstance(annotations, dict) else {}
+    wanted = {labels.INJECTED: value}
+    if record:
+        stored = present.get(labels.INJECTED_ITEMS)
+        same_config = isinstance(present.get(labels.INJECTED), str) and present[labels.INJECTED].endswith(
+            "@" + run.digest
+        )
+        if same_config and isinstance(stored, str):
+            record = merge_captured(stored, record)
+        wanted[labels.INJECTED_ITEMS] = record
+    changed = {k: v for k, v in wanted.items() if present.get(k) != v}
+    if not changed:
         return
-    annotations = metadata.get("annotations")
-    if not isinstance(annotations, dict):
-        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations", {labels.INJECTED: value}))
-    elif annotations.get(labels.INJECTED) != value:
-        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations/{_INJECTED_TOKEN}", value))
+    meta_ptr = f"{template.pointer}/metadata"
+    if not isinstance(metadata, dict):
+        run.ops.append(patch_ops.add(meta_ptr, {"annotations": changed}))
+    elif not isinstance(annotations, dict):
+        run.ops.append(patch_ops.add(f"{meta_ptr}/annotations", changed))
+    else:
+        for key, text in changed.items():
+            run.ops.append(patch_ops.add(f"{meta_ptr}/annotations/{token(key)}", text))
