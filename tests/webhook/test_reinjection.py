@@ -94,7 +94,7 @@ def test_the_issue_example_a_moved_driver_is_mounted_from_the_new_path() -> None
     assert new_pod["spec"]["nodeSelector"] == {"gpu": "iluvatar"}
     assert new_pod["metadata"]["annotations"][labels.INJECTED].endswith("@" + MOVED.digest)
     record = json.loads(new_pod["metadata"]["annotations"][labels.INJECTED_ITEMS])
-    recorded_volumes = [value for path, value in record["ops"] if path == "/spec/volumes"]
+    recorded_volumes = [op["value"] for op in record["ops"] if op["path"] == "/spec/volumes"]
     assert recorded_volumes == [new_pod["spec"]["volumes"]], "the record holds what this config added"
 
 

@@ -44,7 +44,9 @@ def test_seed_tfjob_becomes_the_handwritten_one(seed_compiled: CompiledConfig) -
         "creationTimestamp": None,
         "annotations": {labels.INJECTED: f"nvidia@{seed_compiled.digest}"},
     }
-    assert ["/spec/volumes", want["spec"]["volumes"]] in json.loads(record)["ops"]
+    captured = json.loads(record)
+    at = captured["at"]
+    assert {"op": "add", "path": f"{at}/spec/volumes", "value": want["spec"]["volumes"]} in captured["ops"]
     validate_pod_template(got)
 
 

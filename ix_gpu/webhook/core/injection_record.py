@@ -46,22 +46,21 @@ def _container(spec: dict[str, Any], list_name: str, index: int) -> dict[str, An
 
 
 def capture(template_pointer: str, spec: dict[str, Any], ops: list[Op]) -> str:
-    """What goes into ``injected-items``: this template's ops with paths relative to the
-    template, plus the value each env entry had before we set it. On the admission hot path, so it
-    only copies and encodes (in C); :func:`_interpret` reads it, and only when stripping."""
-    cut = len(template_pointer)
-    captured: list[list[Any]] = []
+    """What goes into ``injected-items``: this template's ops as they are, where the template was,
+    and the value each env entry had before we set it. On the admission hot path, so it only
+    encodes (in C); :func:`_interpret` reads it, and only when stripping."""
     previous: dict[str, Any] = {}
     for op in ops:
-        path = op["path"][cut:]
-        if path.startswith("/metadata"):
-            continue
-        captured.append([path, op["value"]])
+        path = op["path"]
         if "/env/" in path and path.endswith("/value"):  # an existing env entry's value was set
-            _, _, list_name, index, _, entry_index, _ = path.split("/")
+            *_, list_name, index, _, entry_index, _ = path.split("/")
             entry = spec[list_name][int(index)]["env"][int(entry_index)]
-            previous[path] = entry["value"] if isinstance(entry.get("value"), str) else None
-    return _encode({"ops": captured, "previous": previous} if previous else {"ops": captured})
+            before = entry.get("value")
+            previous[path[len(template_pointer) :]] = before if isinstance(before, str) else None
+    record: dict[str, Any] = {"at": template_pointer, "ops": ops}
+    if previous:
+        record["previous"] = previous
+    return _encode(record)
 
 
 def _encode(data: dict[str, Any]) -> str:
@@ -73,7 +72,9 @@ def _interpret(spec: dict[str, Any], captured: dict[str, Any]) -> dict[str, Any]
     semantic equality), from the ops as :func:`capture` stored them."""
     record: dict[str, Any] = {}
     previous = captured.get("previous", {})
-    for path, value in captured["ops"]:
+    cut = len(captured["at"])
+    for op in captured["ops"]:
+        path, value = op["path"][cut:], op.get("value")
         if not path.startswith("/spec/"):
             continue
         parts = [_unescape(p) for p in path[len("/spec/") :].split("/")]
@@ -157,7 +158,9 @@ def merge_captured(stored: str, new: str) -> str:
     if not isinstance(old, dict) or not isinstance(old.get("ops"), list):
         return new
     added = orjson.loads(new)
-    merged = {"ops": old["ops"] + added["ops"]}
+    if old.get("at") != added["at"]:
+        return new
+    merged = {"at": added["at"], "ops": old["ops"] + added["ops"]}
     previous = {**(old.get("previous") or {}), **added.get("previous", {})}
     if previous:
         merged["previous"] = previous
