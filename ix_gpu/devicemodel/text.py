@@ -20,3 +20,19 @@ def one_line(error: BaseException | str, limit: int = DEFAULT_LIMIT) -> str:
     if not flat and isinstance(error, BaseException):
         return type(error).__name__
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def shown(value: object, limit: int = 64) -> str:
+    """A user's value quoted in a message: bounded, and never a walk of its structure (``repr`` of
+    a value nested a thousand deep raises RecursionError; of a megabyte string, costs a megabyte)."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= limit else value[: limit - 1] + "…")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if value.bit_length() <= 64 else "a very large number"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"

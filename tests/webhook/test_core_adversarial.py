@@ -20,7 +20,13 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.webhook_config import default_config, parse_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
-from ix_gpu.webhook.core.mutation import MAX_GPU_TYPES, MAX_PATCH_OPS, MAX_TEMPLATES, mutate
+from ix_gpu.webhook.core.mutation import (
+    MAX_GPU_CONTAINERS,
+    MAX_GPU_TYPES,
+    MAX_PATCH_OPS,
+    MAX_TEMPLATES,
+    mutate,
+)
 from tests.support.objects import container, json_paths, pod
 
 CONFIG = CompiledConfig(default_config())
@@ -120,10 +126,34 @@ def test_too_many_templates_are_denied() -> None:
     assert result.decision is Decision.DENIED and str(MAX_TEMPLATES) in result.reason
 
 
-def test_a_pod_needing_too_many_ops_is_denied() -> None:
-    many = [container(f"c{i}", 1) for i in range(MAX_PATCH_OPS)]
+def test_too_many_gpu_containers_are_denied_before_any_injection() -> None:
+    many = [container(f"c{i}", 1) for i in range(MAX_GPU_CONTAINERS + 1)]
     result = run(pod(containers=many))
+    assert result.decision is Decision.DENIED and "containers asking for GPUs" in result.reason
+    assert run(pod(containers=many[:MAX_GPU_CONTAINERS])).decision is Decision.MUTATED
+
+
+def test_a_pod_needing_too_many_ops_is_denied() -> None:
+    """Ten env vars, each its own op into containers that already have an env list."""
+    env = [{"name": f"V{i}", "value": "x"} for i in range(10)]
+    profile = {"name": "i", "resources": ["iluvatar.com/gpu"], "env": env}
+    config = CompiledConfig(parse_config({"profiles": [profile]}))
+    many = [container(f"c{i}", 1, env=[]) for i in range(MAX_PATCH_OPS // 10 + 1)]
+    result = run(pod(containers=many), config=config)
     assert result.decision is Decision.DENIED and "patch operations" in result.reason
+
+
+def test_a_replica_key_longer_than_any_name_is_denied_not_copied_into_every_op() -> None:
+    """A 3 MB key of '/' once made a 40 MB answer (each op path repeats it, escaped)."""
+    tfjob = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "t"},
+        "spec": {"tfReplicaSpecs": {"/" * 3_000_000: {"template": {"spec": {"containers": []}}}}},
+    }
+    result = run(tfjob)
+    assert result.decision is Decision.DENIED and "3000000-character key" in result.reason
+    assert len(result.reason) < 400
 
 
 def test_a_megabyte_replica_key_is_not_echoed_whole() -> None:

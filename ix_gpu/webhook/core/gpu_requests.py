@@ -76,7 +76,9 @@ def gpu_containers(spec: dict[str, Any], config: CompiledConfig, where: str) -> 
                 requests = _NO_RESOURCES
             if exact is not None and exact.isdisjoint(limits) and exact.isdisjoint(requests):
                 continue
-            name = str(container.get("name") or f"#{index}")
+            name = container.get("name")
+            if not isinstance(name, str) or not name:
+                name = f"#{index}"
             profiles: dict[int, CompiledProfile] = {}
             for resource in limits:
                 if exact is not None and resource not in exact:

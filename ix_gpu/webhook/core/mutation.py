@@ -19,7 +19,7 @@ from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFact
 from ix_gpu.webhook.core.gpu_requests import GpuContainer, GpuRequestError, gpu_containers
 from ix_gpu.webhook.core.injection_record import strip_stale
 from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template, same
-from ix_gpu.webhook.core.templates import PodTemplate, find_templates
+from ix_gpu.webhook.core.templates import PodTemplate, TemplateKeyError, find_templates
 
 _PSA_LEVELS = ("privileged", "baseline", "restricted")
 _PSA_HOST_ACCESS_FORBIDDEN = ("baseline", "restricted")
@@ -74,6 +74,8 @@ def _host_path_block(namespace: NamespaceFacts) -> str | None:
 MAX_TEMPLATES = 64
 """Pod templates per object (a TFJob has a handful of replica types). More is refused rather than
 walked: each template's patch ops and warnings grow the response."""
+MAX_GPU_CONTAINERS = 256
+"""GPU containers per object, checked before anything is injected."""
 MAX_PATCH_OPS = 2000
 """A GPU pod needs tens of ops. This bounds the response an object can make us build and send."""
 MAX_GPU_TYPES = 16
@@ -133,9 +135,13 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
     plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []
     stale_ops: list[dict[str, Any]] = []
     opted_out_templates = 0
-    templates = find_templates(obj, workload.template_paths)
+    try:
+        templates = find_templates(obj, workload.template_paths, MAX_TEMPLATES)
+    except TemplateKeyError as exc:
+        return denied(str(exc))
     if len(templates) > MAX_TEMPLATES:
-        return denied(f"{kind} holds {len(templates)} pod templates; the webhook handles {MAX_TEMPLATES}")
+        return denied(f"{kind} holds more than {MAX_TEMPLATES} pod templates, the most the webhook handles")
+    gpu_container_count = 0
     try:
         for found in templates:
             if not isinstance(found.body.get("spec"), dict):
@@ -150,6 +156,13 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
             stale_ops += removal
             containers = gpu_containers(template.body["spec"], config, template.where)
             if containers:
+                gpu_container_count += len(containers)
+                if gpu_container_count > MAX_GPU_CONTAINERS:
+                    # Refused before any injection work: each GPU container costs patch ops.
+                    return denied(
+                        f"{kind} has more than {MAX_GPU_CONTAINERS} containers asking for GPUs, "
+                        "the most the webhook handles"
+                    )
                 plans.append((template, containers, _gpu_types(template_annotations, annotations)))
     except GpuRequestError as exc:
         return denied(str(exc))

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.text import shown
 from ix_gpu.devicemodel.webhook_config import EnvMode, Privileged
 from ix_gpu.webhook.core import patch_ops
 from ix_gpu.webhook.core.compiled_config import CompiledProfile, InjectedEnv
@@ -258,7 +259,7 @@ def _merge_container(
             elif not same(current, volume.mount):
                 run.conflicts.append(
                     f"{label}.volumeMounts[mountPath={path}]: already mounts "
-                    f'"{current.get("name")}" there; kept it'
+                    f"{shown(current.get('name'))} there; kept it"
                 )
     patch_ops.add_to_list(run.ops, f"{ptr}/volumeMounts", mounts, new_mounts)
 
@@ -317,7 +318,7 @@ def _merge_env(
             merged = _merged_value(current, var)
             if var.mode == _SET_IF_ABSENT and current != var.value:
                 run.conflicts.append(
-                    f"{label}.env[name={var.name}]: the user's value {current!r} kept "
+                    f"{label}.env[name={var.name}]: the user's value {shown(current)} kept "
                     f"(profile {profile.name} would set {var.value!r})"
                 )
             if merged != current:
@@ -368,7 +369,8 @@ def _merge_node_selector(
                 additions[key] = value
             elif have != value:
                 run.conflicts.append(
-                    f"{where}spec.nodeSelector[{key}]: kept {have!r} (profile {profile.name} wants {value!r})"
+                    f"{where}spec.nodeSelector[{key}]: kept {shown(have)} "
+                    f"(profile {profile.name} wants {value!r})"
                 )
     if not additions:
         return
@@ -446,7 +448,8 @@ def _merge_runtime_class(
             current = wanted
         elif current != wanted:
             run.conflicts.append(
-                f"{where}spec.runtimeClassName: kept {current!r} (profile {profile.name} wants {wanted!r})"
+                f"{where}spec.runtimeClassName: kept {shown(current)} "
+                f"(profile {profile.name} wants {wanted!r})"
             )
 
 

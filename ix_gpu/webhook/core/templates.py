@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import islice
 from typing import Any
 
 from ix_gpu.webhook.core.patch_ops import token
@@ -47,6 +48,14 @@ def _compile(path: str) -> tuple[_Step, ...]:
     return tuple(steps)
 
 
+MAX_KEY_CHARS = 253
+"""The longest Kubernetes name (a DNS subdomain)."""
+
+
+class TemplateKeyError(ValueError):
+    """A key on the way to a pod template that no Kubernetes object would have."""
+
+
 _MAX_SHOWN_KEY = 64
 """``where`` is for messages; a key under ``*`` is the user's and may be a megabyte long."""
 
@@ -63,6 +72,13 @@ def _walk(node: Any, steps: tuple[_Step, ...], pointer: str, where: str) -> Iter
     for key in keys:
         if key not in node:
             continue
+        if len(key) > MAX_KEY_CHARS:
+            # Every patch op into this template would repeat the key (escaped, up to twice its
+            # length): a 3 MB key made a 40 MB answer. No Kubernetes name is this long.
+            raise TemplateKeyError(
+                f"{where + '.' if where else ''}{key[:20]}… is a {len(key)}-character key; "
+                f"pod template keys are at most {MAX_KEY_CHARS} characters"
+            )
         child = node[key]
         child_pointer = f"{pointer}/{token(key)}"
         shown = key if len(key) <= _MAX_SHOWN_KEY else key[: _MAX_SHOWN_KEY - 1] + "…"  # a user's key
@@ -75,12 +91,16 @@ def _walk(node: Any, steps: tuple[_Step, ...], pointer: str, where: str) -> Iter
             yield from _walk(child, rest, child_pointer, child_where)
 
 
-def find_templates(obj: dict[str, Any], template_paths: tuple[str, ...]) -> list[PodTemplate]:
-    """Every pod template of ``obj`` named by ``template_paths``, in document order per path."""
+def find_templates(obj: dict[str, Any], template_paths: tuple[str, ...], limit: int) -> list[PodTemplate]:
+    """Every pod template of ``obj`` named by ``template_paths``, in document order per path; the
+    walk stops once it has found more than ``limit`` (the caller refuses such an object, so walking
+    twelve thousand replica keys to count them all would be wasted)."""
     found: list[PodTemplate] = []
     for path in template_paths:
         if path == ".":
             found.append(PodTemplate("", "", obj))
         else:
-            found.extend(_walk(obj, _compile(path), "", ""))
+            found.extend(islice(_walk(obj, _compile(path), "", ""), limit + 1 - len(found)))
+        if len(found) > limit:
+            break
     return found

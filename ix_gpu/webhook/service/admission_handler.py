@@ -73,21 +73,24 @@ class AdmissionHandler:
         one-line JSON error) for a large review that could not be served within its budget."""
         if len(body) <= self._limits.offload_bytes:
             return await self._handle(body, started, _parse_on_loop, _mutate_on_loop)
-        # Large: parse and mutate in the heavy lane, so the loop stays free (see .limits).
+        # Large: parse and mutate in the heavy lane, so the loop stays free (see .limits). The
+        # budget counts from the request's start (the body's arrival included).
         if self._heavy is None:
             self._heavy = HeavyLane(self._limits.request_budget)
-        lane, deadline = self._heavy, time.monotonic() + self._limits.request_budget
-
-        async def parse(raw: bytes) -> ReviewRequest:
-            return await lane.run(deadline, partial(parse_review, raw))
-
-        async def core(
-            obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig
-        ) -> MutationResult:
-            return await lane.run(deadline, partial(mutate, obj, operation, namespace, config))
-
+        elapsed = time.perf_counter() - started
+        deadline = time.monotonic() + self._limits.request_budget - elapsed
         try:
-            return await self._handle(body, started, parse, core)
+            async with self._heavy.hold(deadline) as lane:
+
+                async def parse(raw: bytes) -> ReviewRequest:
+                    return await lane.run(deadline, partial(parse_review, raw))
+
+                async def core(
+                    obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig
+                ) -> MutationResult:
+                    return await lane.run(deadline, partial(mutate, obj, operation, namespace, config))
+
+                return await self._handle(body, started, parse, core)
         except OverBudget:
             self._metrics.over_budget.inc()
             return self.reject(

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ix_gpu.devicemodel.text import one_line
+from ix_gpu.devicemodel.text import one_line, shown
 from ix_gpu.webhook.core.decision import Decision, MutationResult
 
 API_VERSION = "admission.k8s.io/v1"
@@ -49,10 +49,7 @@ class ReviewRequest:
 
 def _short(value: Any) -> str:
     """A bounded, one-line rendering of user input for error messages."""
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return text.replace("\n", " ").replace("\r", " ")
+    return shown(value, 57).replace("\n", " ").replace("\r", " ")
 
 
 def _str_field(container: dict[str, Any] | None, key: str) -> str:
