@@ -24,8 +24,10 @@ MAX_GPU_COUNT = 2**63 - 1
 """The apiserver keeps quantities in an int64; a larger count is not a count it could store."""
 
 _QUANTITY = re.compile(
-    r"^(?P<sign>[+-]?)(?P<number>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+    # ASCII digits only, nothing around them: Python's \d would also take Arabic-Indic or
+    # full-width digits, and the apiserver's parser takes neither those nor surrounding spaces.
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)"
 )
 _SUFFIX: dict[str, Fraction] = {
     "": Fraction(1),
@@ -68,7 +70,7 @@ def parse_quantity(raw: object) -> Fraction:
         raise QuantityError(f"{kind} is not a quantity")
     if len(raw) > MAX_QUANTITY_CHARS:
         raise QuantityError(f"{raw[:20]!r}... ({len(raw)} characters) is too long to be a quantity")
-    match = _QUANTITY.match(raw.strip())
+    match = _QUANTITY.fullmatch(raw)
     if match is None:
         raise QuantityError(f"{raw!r} is not a valid quantity")
     value = Fraction(match["number"])

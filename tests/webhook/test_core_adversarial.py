@@ -452,3 +452,10 @@ def test_pod_security_version_and_warn_labels_do_not_change_enforcement() -> Non
     ):
         result = run(pod(), NamespaceFacts("ns", labels=extra))
         assert not any(PSA_HOST_PATH_FORBIDDEN in w for w in result.warnings), extra
+
+
+@pytest.mark.parametrize("limit", ["\u0661", "\uff11", " 1", "1 ", "1\n", "\t2"])
+def test_counts_the_apiserver_would_refuse_are_denied(limit: str) -> None:
+    """Python's ``\\d`` and ``str.strip`` are more lenient than the apiserver's quantity parser."""
+    result = run(pod(limits={"iluvatar.com/gpu": limit}))
+    assert result.decision is Decision.DENIED and "not a valid quantity" in result.reason
