@@ -43,7 +43,7 @@ import orjson
 import yaml
 
 from ix_gpu.webhook.core.mutation import MAX_GPU_CONTAINERS
-from tests.support.objects import ILUVATAR, NVIDIA, json_paths
+from tests.support.objects import ILUVATAR, NVIDIA, json_paths, review
 from tests.support.paths import ROOT
 
 MiB = 1024 * 1024
@@ -180,35 +180,11 @@ def envelope(
     dry_run: bool = False,
     old: Any = None,
 ) -> dict[str, Any]:
-    """An AdmissionReview v1 request around ``obj`` (not copied: callers serialize it at once).
-
-    ``tests.support.objects.review`` deep-copies, which costs more than the rest of a case here."""
-    kind = obj.get("kind") if isinstance(obj, dict) else None
-    kind = kind if isinstance(kind, str) else "Pod"
-    group_version = {
-        "Pod": {"group": "", "version": "v1", "kind": "Pod"},
-        "TFJob": {"group": "kubeflow.org", "version": "v1", "kind": "TFJob"},
-    }.get(kind, {"group": "example.com", "version": "v1", "kind": kind})
-    metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": group_version,
-            "resource": {"group": group_version["group"], "version": "v1", "resource": kind.lower() + "s"},
-            "requestKind": group_version,
-            "name": name if isinstance(name, str) else "",
-            "namespace": namespace,
-            "operation": operation,
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-            "object": obj,
-            "oldObject": old,
-            "dryRun": dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    """An AdmissionReview v1 request around ``obj``, not copied: a deep copy costs more than the
+    rest of a case here, and the case is serialized at once."""
+    return review(
+        obj, namespace=namespace, operation=operation, dry_run=dry_run, uid=uid, old=old, copied=False
+    )
 
 
 def gpu_container(name: str, gpus: Any = 1, resource: str = ILUVATAR, **fields: Any) -> dict[str, Any]:

@@ -140,14 +140,16 @@ def review(
     dry_run: bool = False,
     uid: str | None = None,
     old: dict[str, Any] | None = None,
+    copied: bool = True,
 ) -> dict[str, Any]:
-    """An admission.k8s.io/v1 AdmissionReview request for ``obj`` (a deep copy: callers may damage it)."""
-    source: dict[str, Any] = obj or old or {}
+    """An admission.k8s.io/v1 AdmissionReview request for ``obj``: a deep copy, so callers may
+    damage it, unless ``copied=False`` (for callers that serialize it at once and build thousands)."""
+    source: dict[str, Any] = obj if isinstance(obj, dict) else old if isinstance(old, dict) else {}
     kind_field, metadata_field = source.get("kind"), source.get("metadata")
     kind: str = kind_field if isinstance(kind_field, str) else "Pod"
     metadata: dict[str, Any] = metadata_field if isinstance(metadata_field, dict) else {}
     name = metadata["name"] if isinstance(metadata.get("name"), str) else ""
-    return copy.deepcopy(
+    built = (
         {
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -169,6 +171,7 @@ def review(
             },
         }
     )
+    return copy.deepcopy(built) if copied else built
 
 
 def apply_response(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
