@@ -130,3 +130,21 @@ def test_without_a_record_an_old_injection_is_left_as_before() -> None:
     del old["metadata"]["annotations"][labels.INJECTED_ITEMS]
     again = mutate(old, "CREATE", team, MOVED)
     assert not any(op["op"] == "remove" for op in again.ops)
+
+
+def test_replica_keys_and_selector_keys_that_look_like_env_paths_are_not_misread() -> None:
+    """A replica key "env" and a nodeSelector key "value" make an op path that contains "/env/" and
+    ends in "/value" without being an env value: it once crashed the record (KeyError)."""
+    profile = {"name": "i", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"value": "x"}}
+    config = CompiledConfig(parse_config({"profiles": [profile]}))
+    template = {"spec": {"nodeSelector": {}, "containers": [container("c", 1)]}}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "t"},
+        "spec": {"tfReplicaSpecs": {"env": {"template": template}}},
+    }
+    injected = admit(job, NamespaceFacts("team"), config)
+    assert injected["spec"]["tfReplicaSpecs"]["env"]["template"]["spec"]["nodeSelector"] == {"value": "x"}
+    moved = admit(injected, NamespaceFacts("team"), DEFAULT)
+    assert moved["spec"]["tfReplicaSpecs"]["env"]["template"]["spec"]["nodeSelector"] == {}

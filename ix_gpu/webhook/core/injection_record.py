@@ -19,6 +19,7 @@ existed (an ``injected`` annotation without ``injected-items``) are left as they
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import orjson
@@ -45,18 +46,27 @@ def _container(spec: dict[str, Any], list_name: str, index: int) -> dict[str, An
     return {}
 
 
+_ENV_VALUE = re.compile(r"/spec/(containers|initContainers)/([0-9]+)/env/([0-9]+)/value")
+
+
 def capture(template_pointer: str, spec: dict[str, Any], ops: list[Op]) -> str:
     """What goes into ``injected-items``: this template's ops as they are, where the template was,
     and the value each env entry had before we set it. On the admission hot path, so it only
     encodes (in C); :func:`_interpret` reads it, and only when stripping."""
     previous: dict[str, Any] = {}
+    cut = len(template_pointer)
     for op in ops:
         path = op["path"]
-        if "/env/" in path and path.endswith("/value"):  # an existing env entry's value was set
-            *_, list_name, index, _, entry_index, _ = path.split("/")
+        if not path.endswith("/value"):
+            continue
+        # Matched relative to the template and whole: a user's replica key may be called "env",
+        # and an operator's nodeSelector key "value".
+        env_value = _ENV_VALUE.fullmatch(path, cut)
+        if env_value is not None:  # an existing env entry's value was set
+            list_name, index, entry_index = env_value.groups()
             entry = spec[list_name][int(index)]["env"][int(entry_index)]
             before = entry.get("value")
-            previous[path[len(template_pointer) :]] = before if isinstance(before, str) else None
+            previous[path[cut:]] = before if isinstance(before, str) else None
     record: dict[str, Any] = {"at": template_pointer, "ops": ops}
     if previous:
         record["previous"] = previous
