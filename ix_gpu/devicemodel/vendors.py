@@ -27,6 +27,10 @@ class Vendor:
     visible_devices_env: str
     """Environment variable the runtime/libraries read to restrict visible GPUs."""
     pci_vendor_id: int
+    runtime_provides_driver: bool = False
+    """The vendor's container runtime hook (or CDI) puts the driver libraries into GPU containers,
+    so the webhook's built-in profile mounts none and sets no LD_LIBRARY_PATH: a hostPath would
+    shadow the toolkit in the user's image and fail on nodes without that directory."""
 
     def device_node(self, minor: int) -> str:
         return self.device_node_template.format(minor=minor)
@@ -48,11 +52,14 @@ NVIDIA = Vendor(
     resource_name="nvidia.com/gpu",
     device_node_template="/dev/nvidia{minor}",
     control_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"),
-    # The seed's TfJob points LD_LIBRARY_PATH at /usr/local/cuda/lib64; keep that layout.
+    # The seed's layout (LD_LIBRARY_PATH=/usr/local/cuda/lib64). Not mounted by the built-in
+    # profile: the NVIDIA container toolkit provides the driver (examples/nvidia-hostpath-driver.yaml
+    # is the profile for hosts that want the mount).
     driver_root="/usr/local/cuda",
     library_dir="/usr/local/cuda/lib64",
     visible_devices_env="NVIDIA_VISIBLE_DEVICES",
     pci_vendor_id=0x10DE,
+    runtime_provides_driver=True,
 )
 
 VENDORS: dict[str, Vendor] = {v.name: v for v in (ILUVATAR, NVIDIA)}

@@ -5,7 +5,8 @@ env, privileged, scheduling). *Workloads* say which kinds are mutated and where 
 live, so new CRDs are supported by configuration alone. *Policy* holds opt-outs and gating.
 
 The built-in default (:func:`default_config`) is derived from :mod:`ix_gpu.devicemodel.vendors`, so the
-facts about a vendor are written once.
+facts about a vendor are written once. :func:`json_schema` is the JSON Schema of these models, the
+one schema of the config (``ix-gpu config schema``; the Helm chart's ``values.schema.json`` embeds it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ix_gpu.devicemodel.schema_base import ConfigError, StrictModel, load_yaml_file, parse_document
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
@@ -30,6 +31,13 @@ _RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9*?][-A-Za-z0-9_.*?/]*$")
 _PATH_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[\*\])?$|^\*$")
 
 NonEmpty = Annotated[str, Field(min_length=1)]
+_GLOB_CHARS = frozenset("*?[")
+
+
+class _Model(StrictModel):
+    """A config model whose attribute docstrings become descriptions in :func:`json_schema`."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
 
 class HostPathType(StrEnum):
@@ -45,7 +53,7 @@ class HostPathType(StrEnum):
     BLOCK_DEVICE = "BlockDevice"
 
 
-class HostPathVolume(StrictModel):
+class HostPathVolume(_Model):
     """A hostPath volume plus where it is mounted in each GPU container."""
 
     name: NonEmpty
@@ -80,13 +88,13 @@ class EnvMode(StrEnum):
     """Always set our value."""
 
 
-class EnvVar(StrictModel):
+class EnvVar(_Model):
     name: NonEmpty
     value: str
     mode: EnvMode = EnvMode.SET_IF_ABSENT
 
 
-class DeviceNodes(StrictModel):
+class DeviceNodes(_Model):
     """Device-node hostPath mounts: the seed's recipe for clusters *without* a device plugin.
 
     Off by default: a device plugin's Allocate already gives a container exactly its GPUs, and
@@ -105,7 +113,7 @@ class Privileged(StrEnum):
     """Deny the object where ``privileged: true`` cannot be granted."""
 
 
-class NodeSelectorRequirement(StrictModel):
+class NodeSelectorRequirement(_Model):
     key: NonEmpty
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
     values: tuple[str, ...] = ()
@@ -127,12 +135,12 @@ class NodeSelectorRequirement(StrictModel):
         return out
 
 
-class Affinity(StrictModel):
+class Affinity(_Model):
     required_node_expressions: tuple[NodeSelectorRequirement, ...] = ()
     """ANDed into every term of the pod's required node affinity (a new term when it has none)."""
 
 
-class Toleration(StrictModel):
+class Toleration(_Model):
     key: str | None = None
     operator: Literal["Exists", "Equal"] = "Equal"
     value: str | None = None
@@ -153,7 +161,7 @@ class Toleration(StrictModel):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
-class Profile(StrictModel):
+class Profile(_Model):
     """What a container asking for a matching GPU resource gets."""
 
     name: NonEmpty
@@ -199,7 +207,7 @@ class Profile(StrictModel):
         return any(fnmatch.fnmatchcase(resource, pattern) for pattern in self.resources)
 
 
-class Workload(StrictModel):
+class Workload(_Model):
     """A kind the webhook mutates and where its pod templates are."""
 
     api_version: NonEmpty
@@ -208,6 +216,29 @@ class Workload(StrictModel):
     template_paths: tuple[NonEmpty, ...] = Field(min_length=1)
     """Dotted paths to PodTemplateSpecs: ``spec.tfReplicaSpecs.*.template`` (``*`` = every map key),
     ``spec.replica_specs[*].template`` (``[*]`` = every list item), or ``.`` for a Pod itself."""
+    resource: Annotated[str, Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] | None = Field(
+        default=None,
+        # Left out of dumps while unset, so configs that never name it keep their digest.
+        exclude_if=lambda value: value is None,
+    )
+    """The kind's plural resource name (``tfjobs``), under which the Helm chart registers the webhook
+    for it. Default: the guess Kubernetes makes from the kind (lower case; ``-s`` → ``-ses``, ``-y`` →
+    ``-ies``, else ``+s``). The webhook itself matches objects by apiVersion and kind."""
+
+    def resource_name(self) -> str:
+        """``resource``, else the guess client-go makes for a kind it has no mapping for
+        (``UnsafeGuessKindToResource``): lower case, then ``-s`` → ``-ses``, ``-y`` → ``-ies``,
+        anything else + ``s``. ``*`` for a kind glob. The chart's template makes the same guess."""
+        if self.resource:
+            return self.resource
+        if _GLOB_CHARS & set(self.kind):
+            return "*"
+        singular = self.kind.lower()
+        if singular.endswith("s"):
+            return singular + "es"
+        if singular.endswith("y"):
+            return singular[:-1] + "ies"
+        return singular + "s"
 
     @field_validator("template_paths")
     @classmethod
@@ -231,7 +262,7 @@ class ConflictPolicy(StrEnum):
     DENY = "deny"
 
 
-class Policy(StrictModel):
+class Policy(_Model):
     excluded_namespaces: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
     privileged_namespaces: tuple[str, ...] = ()
     """Namespaces where a profile with ``privileged: allowed|required`` may set privileged."""
@@ -253,7 +284,7 @@ def _builtin_workloads() -> tuple[Workload, ...]:
     )
 
 
-class WebhookConfig(StrictModel):
+class WebhookConfig(_Model):
     api_version: Literal["ix-gpu.io/v1alpha1"] = API_VERSION
     kind: Literal["WebhookConfig"] = KIND
     profiles: tuple[Profile, ...] = Field(default_factory=lambda: default_profiles())
@@ -281,14 +312,21 @@ def _require_unique(what: str, values: list[str]) -> None:
 
 
 def vendor_profile(vendor: Vendor) -> Profile:
-    """The built-in profile for a vendor: driver libraries, env and scheduling, nothing privileged."""
-    driver = HostPathVolume(
-        name=f"ix-gpu-{vendor.name}-driver",
-        host_path=vendor.driver_root,
-        type=HostPathType.DIRECTORY,
-        mount_path=vendor.driver_root,
-        read_only=True,
-    )
+    """The built-in profile for a vendor: driver libraries and env where the vendor's runtime does
+    not provide them, scheduling, nothing privileged."""
+    driver: tuple[HostPathVolume, ...] = ()
+    env: tuple[EnvVar, ...] = ()
+    if not vendor.runtime_provides_driver:
+        driver = (
+            HostPathVolume(
+                name=f"ix-gpu-{vendor.name}-driver",
+                host_path=vendor.driver_root,
+                type=HostPathType.DIRECTORY,
+                mount_path=vendor.driver_root,
+                read_only=True,
+            ),
+        )
+        env = (EnvVar(name="LD_LIBRARY_PATH", value=vendor.library_dir, mode=EnvMode.PREPEND_PATH),)
     nodes = (vendor.device_node(0), *vendor.control_nodes)
     device_volumes = tuple(
         HostPathVolume(
@@ -302,9 +340,9 @@ def vendor_profile(vendor: Vendor) -> Profile:
     return Profile(
         name=vendor.name,
         resources=(vendor.resource_name,),
-        volumes=(driver,),
+        volumes=driver,
         device_nodes=DeviceNodes(inject=False, volumes=device_volumes),
-        env=(EnvVar(name="LD_LIBRARY_PATH", value=vendor.library_dir, mode=EnvMode.PREPEND_PATH),),
+        env=env,
         # GPU nodes are commonly tainted with their resource name; tolerate that taint only.
         tolerations=(Toleration(key=vendor.resource_name, operator="Exists", effect="NoSchedule"),),
     )
@@ -316,6 +354,33 @@ def default_profiles() -> tuple[Profile, ...]:
 
 def default_config() -> WebhookConfig:
     return WebhookConfig()
+
+
+JSON_SCHEMA_ID = "urn:ix-gpu:webhook-config:v1alpha1"
+"""``$id`` of :func:`json_schema`: its ``#/definitions/...`` references resolve inside it, also where
+another schema embeds it (the chart's ``values.schema.json``, under ``config``)."""
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft-07, which Helm and editors read) of :class:`WebhookConfig` files.
+
+    Generated from the models, so nothing is written twice: keys are camelCase, unknown keys are
+    rejected (``additionalProperties: false``), enums and required fields as the models say.
+    Checks that are code (DNS labels, absolute paths, unique names, glob syntax) are not in it:
+    ``ix-gpu config validate`` and the webhook's loader apply them.
+    """
+    schema = WebhookConfig.model_json_schema(by_alias=True, ref_template="#/definitions/{model}")
+    definitions = schema.pop("$defs", {})
+    for model in (schema, *definitions.values()):
+        for field in model.get("properties", {}).values():
+            # pydantic's field titles ("Hostpath") only repeat the key, badly capitalised.
+            field.pop("title", None)
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$id": JSON_SCHEMA_ID,
+        **schema,
+        "definitions": dict(sorted(definitions.items())),
+    }
 
 
 def parse_config(data: Any, source: str = "config") -> WebhookConfig:
@@ -333,6 +398,7 @@ __all__ = [
     "ConfigError",
     "WebhookConfig",
     "default_config",
+    "json_schema",
     "load_config",
     "parse_config",
 ]

@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     mutate.set_defaults(handler=_run_mutate)
 
-    config = subparsers.add_parser("config", help="validate or print the webhook configuration")
+    config = subparsers.add_parser("config", help="validate or print the webhook configuration or its schema")
     config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     config_sub.required = True
     validate = config_sub.add_parser(
@@ -81,6 +81,17 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     validate.set_defaults(handler=_run_config_validate)
     default = config_sub.add_parser("default", help="print the built-in default config (a starting point)")
     default.set_defaults(handler=_run_config_default)
+    schema = config_sub.add_parser(
+        "schema",
+        help="print the config's JSON Schema (draft-07), generated from the config models",
+        description=(
+            "Print the JSON Schema of webhook config files, generated from the models the webhook "
+            "loads them with, for editors and for the Helm chart's values.schema.json (which embeds "
+            "it under `config`). Checks that are code (DNS labels, absolute paths, unique names) are "
+            "left to `ix-gpu config validate`."
+        ),
+    )
+    schema.set_defaults(handler=_run_config_schema)
 
     certs = subparsers.add_parser("certs", help="TLS material for the webhook")
     certs_sub = certs.add_subparsers(dest="certs_command", metavar="SUBCOMMAND")
@@ -138,6 +149,15 @@ def _run_config_default(args: argparse.Namespace) -> int:
     from ix_gpu.devicemodel.webhook_config import default_config
 
     sys.stdout.write(default_config().to_yaml())
+    return 0
+
+
+def _run_config_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from ix_gpu.devicemodel.webhook_config import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
     return 0
 
 

@@ -5,12 +5,15 @@ How: the chart is rendered with Helm's SDK and every object is applied with **se
 The webhook Service is ``ExternalName: localhost``, and the real ``ix-gpu webhook`` process runs
 here with the chart's own container args, its ConfigMap content and a token of the chart's
 ServiceAccount — so the ``self`` certificate mode creates its Secret and patches the caBundle with
-exactly the chart's RBAC.
+exactly the chart's RBAC. A second install expresses the seed's config in the ``config`` value: a
+custom resource listed in its workloads reaches the webhook through the webhook registration the
+chart derives from them, and the objectSelector keeps opted-out pods away from it.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import secrets
@@ -22,13 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart.rendering import find, render
 from tests.k8s.k8s_tier import KubeAPI, build_binaries, start_etcd, start_kube_apiserver, write_kubeconfig
 from tests.support.cli import ix_gpu_process
 from tests.support.net import free_port
 from tests.support.objects import pod
+from tests.support.paths import EXAMPLES, load_yaml
 from tests.support.waiting import wait_until
+
+GOLDEN = Path(__file__).resolve().parent.parent / "webhook" / "golden"
 
 pytestmark = [
     pytest.mark.k8s,
@@ -166,26 +174,18 @@ def _ca_bundles(api: KubeAPI) -> set[str]:
     return {w["clientConfig"].get("caBundle", "") for w in body["webhooks"]}
 
 
-def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
-    kube_api: KubeAPI, tmp_path: Path
-) -> None:
-    api = kube_api
-    assert (
-        _call(
-            api,
-            "POST",
-            "/api/v1/namespaces",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
-        )[0]
-        == 201
+def _ensure_namespace(api: KubeAPI, name: str) -> None:
+    status, body = _call(
+        api,
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
     )
-    port = free_port()
-    objects = render(_values(port), release=RELEASE, namespace=NS)
-    server_side_apply(api, objects)
-    for kind, name in (("DaemonSet", f"{RELEASE}-ix-gpu-plugin"), ("ConfigMap", "ix-config")):
-        assert _call(api, "GET", _PATHS[kind].format(ns=NS, name=name))[0] == 200
+    assert status in (201, 409), body
 
-    # The webhook process: the chart's args, its ConfigMap, its ServiceAccount's token.
+
+def _start_webhook(api: KubeAPI, objects: list[dict[str, Any]], port: int, tmp_path: Path) -> Any:
+    """The webhook process: the chart's args, its ConfigMap, its ServiceAccount's token."""
     deployment = find(objects, "Deployment", WEBHOOK)
     chart_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     config = tmp_path / "config.yaml"
@@ -202,7 +202,58 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
         for a in chart_args
     ] + [f"--kubeconfig={kubeconfig}"]
     # The chart's args start with the subcommand (the image's ENTRYPOINT is ``ix-gpu``).
-    webhook = ix_gpu_process("webhook", *argv, log_dir=tmp_path)
+    return ix_gpu_process("webhook", *argv, log_dir=tmp_path)
+
+
+def _trusting(ca_bundle: bytes) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=ca_bundle.decode())
+    context.check_hostname = False
+    return context
+
+
+def _get(port: int, path: str, context: ssl.SSLContext) -> tuple[int, str]:
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as r:
+        return int(r.status), r.read().decode()
+
+
+def _wait_ready(port: int, context: ssl.SSLContext, webhook: Any) -> None:
+    def ready() -> bool:
+        try:
+            return _get(port, "/readyz", context)[0] == 200
+        except OSError:
+            return False
+
+    wait_until(ready, "/readyz", 60, interval=0.3, process=webhook)
+
+
+def _admissions(port: int, context: ssl.SSLContext) -> float:
+    """How many admission reviews the webhook answered (its own counter)."""
+    text = _get(port, "/metrics", context)[1]
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "ix_gpu_admission_requests_total"
+    )
+
+
+def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
+    kube_api: KubeAPI, tmp_path: Path
+) -> None:
+    api = kube_api
+    _ensure_namespace(api, NS)
+    port = free_port()
+    objects = render(_values(port), release=RELEASE, namespace=NS)
+    server_side_apply(api, objects)
+    for kind, name in (
+        ("DaemonSet", f"{RELEASE}-ix-gpu-plugin"),
+        ("ConfigMap", "ix-config"),
+        ("Service", f"{RELEASE}-ix-gpu-metrics"),
+        ("ClusterRole", f"{RELEASE}-ix-gpu-plugin"),  # node labels are on by default
+    ):
+        assert _call(api, "GET", _PATHS[kind].format(ns=NS, name=name))[0] == 200
+
+    webhook = _start_webhook(api, objects, port, tmp_path)
     try:
         secret = wait_until(
             lambda: (lambda r: r[1] if r[0] == 200 else None)(
@@ -221,19 +272,7 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
             interval=0.3,
             process=webhook,
         )
-        context = ssl.create_default_context(cadata=ca_bundle.decode())
-        context.check_hostname = False
-
-        def ready() -> bool:
-            try:
-                with urllib.request.urlopen(
-                    f"https://127.0.0.1:{port}/readyz", context=context, timeout=2
-                ) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_until(ready, "/readyz", 60, interval=0.3, process=webhook)
+        _wait_ready(port, _trusting(ca_bundle), webhook)
 
         ns = _namespace(api)
         gpu = _create_pod(api, ns, pod("gpu", limits={"iluvatar.com/gpu": "1"}))
@@ -301,5 +340,121 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
         assert {w["timeoutSeconds"] for w in mwc["webhooks"]} == {7}
         again = _create_pod(api, _namespace(api), pod("gpu", limits={"nvidia.com/gpu": "1"}))
         assert again["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("nvidia@")
+    finally:
+        webhook.stop(15)
+
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+LEGACY_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "tfjobs.mlkube.io"},
+    "spec": {
+        "group": "mlkube.io",
+        "scope": "Namespaced",
+        "names": {"plural": "tfjobs", "singular": "tfjob", "kind": "TfJob", "listKind": "TfJobList"},
+        "versions": [
+            {
+                "name": "v1beta1",
+                "served": True,
+                "storage": True,
+                # No schema of its own, as in 2017: the CEL conditions must cope with any shape.
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
+    },
+}
+
+
+def _install_legacy_crd(api: KubeAPI) -> str:
+    status, body = _call(api, "POST", CRDS, LEGACY_CRD)
+    assert status in (201, 409), body
+
+    def established() -> bool:
+        status, crd = _call(api, "GET", f"{CRDS}/tfjobs.mlkube.io")
+        conditions = ((crd.get("status") or {}).get("conditions") or []) if status == 200 else []
+        ok = any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+        return ok and _call(api, "GET", "/apis/mlkube.io/v1beta1")[0] == 200
+
+    wait_until(established, "the mlkube.io TfJob CRD", 60, interval=0.2)
+    return "/apis/mlkube.io/v1beta1"
+
+
+def test_seed_config_as_the_config_value_reaches_a_configured_crd_and_skips_opted_out_pods(
+    kube_api: KubeAPI, tmp_path: Path
+) -> None:
+    api = kube_api
+    _ensure_namespace(api, NS)
+    _ensure_namespace(api, "ml-team")  # the seed config's privileged namespace
+    crd = _install_legacy_crd(api)
+    port = free_port()
+    objects = render(
+        _values(port, config=load_yaml(EXAMPLES / "seed-config.yaml")), release=RELEASE, namespace=NS
+    )
+    mwc = find(objects, "MutatingWebhookConfiguration", MWC)
+    assert "tfjobs.v1beta1.mlkube.io.ix-gpu.io" in {w["name"] for w in mwc["webhooks"]}
+    server_side_apply(api, objects)  # the apiserver compiles every derived CEL expression here
+    webhook = _start_webhook(api, objects, port, tmp_path)
+    try:
+        secret = wait_until(
+            lambda: (lambda r: r[1] if r[0] == 200 else None)(
+                _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
+            ),
+            "the Secret",
+            60,
+            interval=0.3,
+            process=webhook,
+        )
+        ca_bundle = base64.b64decode(secret["data"]["ca-bundle.crt"])
+        wait_until(
+            lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()},
+            "the caBundle of every webhook",
+            60,
+            interval=0.3,
+            process=webhook,
+        )
+        context = _trusting(ca_bundle)
+        _wait_ready(port, context, webhook)
+
+        # The seed's TfJob, a custom resource listed in config.workloads, comes back stored exactly
+        # as `ix-gpu mutate` makes it with the seed config in ml-team (the CLI's golden file).
+        job = load_yaml(EXAMPLES / "seed-tfjob.yaml")
+        status, stored = _call(api, "POST", f"{crd}/namespaces/ml-team/tfjobs", job)
+        assert status == 201, stored
+        golden = yaml.safe_load((GOLDEN / "seed-tfjob.yaml").read_text())
+        template = stored["spec"]["replica_specs"][0]["template"]
+        # Same profile; the digest differs, as the chart adds its namespace to excludedNamespaces.
+        for annotations in (
+            template["metadata"]["annotations"],
+            golden["spec"]["replica_specs"][0]["template"]["metadata"]["annotations"],
+        ):
+            profile, _, digest = annotations["ix-gpu.io/injected"].partition("@")
+            assert (profile, len(digest)) == ("nvidia", 10)
+            annotations["ix-gpu.io/injected"] = profile
+        assert stored["spec"] == golden["spec"]
+        assert template["spec"]["containers"][0]["securityContext"] == {"privileged": True}
+
+        # A CPU-only TfJob is not sent at all (the derived matchCondition).
+        before = _admissions(port, context)
+        cpu = copy.deepcopy(job)
+        cpu["metadata"]["name"] = "tf-cpu"
+        cpu["spec"]["replica_specs"][0]["template"]["spec"]["containers"][0].pop("resources")
+        status, stored_cpu = _call(api, "POST", f"{crd}/namespaces/ml-team/tfjobs", cpu)
+        assert status == 201, stored_cpu
+        assert stored_cpu["spec"] == cpu["spec"]
+
+        # A GPU pod labelled ix-gpu.io/inject=disabled is not sent either (objectSelector)...
+        ns = _namespace(api)
+        gpu = {"nvidia.com/gpu": "1"}
+        skipped = _create_pod(api, ns, pod("off", limits=gpu, labels={"ix-gpu.io/inject": "disabled"}))
+        assert "ix-gpu.io/injected" not in (skipped["metadata"].get("annotations") or {})
+        assert _admissions(port, context) == before
+        # ...while unlabelled and otherwise-labelled GPU pods still are.
+        for name, labels in (("plain", None), ("other", {"ix-gpu.io/inject": "enabled"})):
+            mutated = _create_pod(api, ns, pod(name, limits=gpu, labels=labels))
+            assert mutated["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("nvidia@")
+        assert _admissions(port, context) == before + 2
     finally:
         webhook.stop(15)

@@ -1,11 +1,16 @@
 """charts/ix-gpu: helm lint and render for the default values and each certificate mode; every
-object checked against the Kubernetes 1.30 and 1.35 schemas; the values schema rejects typos; the
-rendered webhook and plugin configs load with the project's own config schemas."""
+object checked against the Kubernetes 1.30 and 1.35 schemas; the values schema rejects typos and
+embeds the core's config schema; the rendered webhook and plugin configs load with the project's
+own config schemas; the webhook registration follows the configured workloads."""
 
 from __future__ import annotations
 
 import base64
 import copy
+import fnmatch
+import json
+import subprocess
+import sys
 from typing import Any
 
 import cel
@@ -14,9 +19,10 @@ import yaml
 
 from ix_gpu.devicemodel.plugin_config import DEFAULT_PATH as PLUGIN_CONFIG_PATH
 from ix_gpu.devicemodel.plugin_config import parse_plugin_config
-from ix_gpu.devicemodel.webhook_config import parse_config
+from ix_gpu.devicemodel.webhook_config import Workload, default_config, json_schema, parse_config
 from tests.chart.rendering import (
     CERT_MODES,
+    CHART,
     KUBE_VERSIONS,
     NAMESPACE,
     HelmError,
@@ -31,11 +37,22 @@ from tests.chart.rendering import (
 )
 from tests.support.k8s_schema import validate
 from tests.support.objects import container, pod, replica, tfjob
+from tests.support.paths import EXAMPLES, ROOT, load_yaml
 
 WEBHOOK = "ixg-ix-gpu-webhook"
 PLUGIN = "ixg-ix-gpu-plugin"
+METRICS = "ixg-ix-gpu-metrics"
 MWC = "ixg-ix-gpu"
-CERT_MANAGER_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
+POD_HOOK = "pods.v1.ix-gpu.io"
+TFJOB_HOOK = "tfjobs.v1.kubeflow.org.ix-gpu.io"
+LEGACY_HOOK = "tfjobs.v1beta1.mlkube.io.ix-gpu.io"
+# CRDs: not in the Kubernetes schemas; their fields are asserted below.
+CRD_KINDS = {
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+}
+LINUX = {"kubernetes.io/os": "linux"}
 
 
 # --------------------------------------------------------------------------- lint and schemas
@@ -65,11 +82,13 @@ def test_chart_declares_its_kubernetes_range() -> None:
 def test_every_rendered_object_is_valid_kubernetes(mode: str, kube_version: str) -> None:
     objects = render(CERT_MODES[mode])
     for obj in objects:
-        if (obj["apiVersion"], obj["kind"]) in CERT_MANAGER_KINDS:
-            continue  # a CRD: not in the Kubernetes schemas; its fields are asserted below
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue
         validate(obj, version=kube_version)
     common = [
-        "ClusterRole",
+        "ClusterRole",  # webhook: namespaces
+        "ClusterRole",  # plugin: node labels, on by default
+        "ClusterRoleBinding",
         "ClusterRoleBinding",
         "ConfigMap",
         "ConfigMap",
@@ -77,7 +96,8 @@ def test_every_rendered_object_is_valid_kubernetes(mode: str, kube_version: str)
         "Deployment",
         "MutatingWebhookConfiguration",
         "PodDisruptionBudget",
-        "Service",
+        "Service",  # the webhook's
+        "Service",  # metrics
         "ServiceAccount",
         "ServiceAccount",
     ]
@@ -85,13 +105,57 @@ def test_every_rendered_object_is_valid_kubernetes(mode: str, kube_version: str)
     assert kinds(objects) == sorted(common + extra)
 
 
+CRD_WORKLOAD = {
+    "apiVersion": "example.com/v1alpha1",
+    "kind": "TrainingJob",
+    "templatePaths": ["spec.roles.*.pods[*].template"],
+}
+
+
+def _seed_values() -> dict[str, Any]:
+    """The seed's config (device nodes, privileged in ml-team) as chart values."""
+    return {"config": load_yaml(EXAMPLES / "seed-config.yaml")}
+
+
 def test_every_option_turned_on_still_validates() -> None:
     values = {
+        "config": {
+            "profiles": [
+                {
+                    "name": "nvidia",
+                    "resources": ["nvidia.com/gpu", "nvidia.com/mig-?g.*"],
+                    "volumes": [{"name": "cuda", "hostPath": "/usr/local/cuda", "mountPath": "/cuda"}],
+                    "deviceNodes": {
+                        "inject": True,
+                        "volumes": [
+                            {"name": "dev-nvidia0", "hostPath": "/dev/nvidia0", "mountPath": "/dev/nvidia0"}
+                        ],
+                    },
+                    "env": [{"name": "LD_LIBRARY_PATH", "value": "/cuda/lib64", "mode": "prepend-path"}],
+                    "privileged": "allowed",
+                    "nodeSelector": {"gpu": "nvidia"},
+                    "affinity": {
+                        "requiredNodeExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]
+                    },
+                    "tolerations": [{"operator": "Exists"}],
+                    "runtimeClassName": "nvidia",
+                }
+            ],
+            "workloads": [
+                {"apiVersion": "v1", "kind": "Pod", "templatePaths": ["."]},
+                {**CRD_WORKLOAD, "resource": "trainingjobs"},
+                {"apiVersion": "batch.example.com/*", "kind": "Job", "templatePaths": ["spec.template"]},
+            ],
+            "policy": {
+                "excludedNamespaces": ["batch"],
+                "privilegedNamespaces": ["ml"],
+                "conflictPolicy": "deny",
+                "namespaceLookupFailure": "deny",
+            },
+        },
         "webhook": {
             "matchConditions": False,
-            "tfjobs": False,
-            "excludedNamespaces": ["batch"],
-            "privilegedNamespaces": ["ml"],
+            "hostNetwork": True,
             "podDisruptionBudget": {"enabled": False},
             "nodeSelector": {"role": "infra"},
             "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
@@ -99,7 +163,11 @@ def test_every_option_turned_on_still_validates() -> None:
             "podAnnotations": {"a": "b"},
         },
         "plugin": {
-            "nodeLabels": True,
+            "nodeLabels": False,
+            "driver": {
+                "root": "/run/nvidia/driver",
+                "libraryDirs": ["usr/lib/x86_64-linux-gnu", "usr/lib64"],
+            },
             "nodeSelector": {"ix-gpu.io/gpu.present": "true"},
             "affinity": {
                 "nodeAffinity": {
@@ -119,14 +187,22 @@ def test_every_option_turned_on_still_validates() -> None:
                 }
             },
         },
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "interval": "15s"}},
         "image": {"digest": "sha256:" + "a" * 64},
         "imagePullSecrets": [{"name": "regcred"}],
         "commonLabels": {"team": "gpu"},
     }
     assert not lint(values)["errors"]
-    for obj in render(values):
+    objects = render(values)
+    for obj in objects:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue
         for version in KUBE_VERSIONS:
             validate(obj, version=version)
+    assert "ServiceMonitor" in kinds(objects)
+    assert _webhook_config(values) == parse_config(
+        merge(values["config"], {"policy": {"excludedNamespaces": [*SYSTEM, NAMESPACE, "batch"]}})
+    )
 
 
 @pytest.mark.parametrize(
@@ -138,20 +214,70 @@ def test_every_option_turned_on_still_validates() -> None:
         {"plugin": {"config": {"sharing": {"timeslicing": {"replicas": 2}}}}},
         {"certs": {"mode": "Self"}},
         {"certs": {"self": {"secret": "x"}}},
-        {"profiles": {"iluvatar": {"resource": ["iluvatar.com/gpu"]}}},
         {"webhook": {"timeoutSeconds": 31}},
         {"plugin": {"config": {"sharing": {"timeSlicing": {"replicas": 0}}}}},
+        {"plugin": {"driver": {"root": "/"}}},
+        {"plugin": {"driver": {"libraryDirs": ["/usr/lib"]}}},
+        {"metrics": {"serviceMonitor": {"enabeld": True}}},
+        # Inside `config`, the core's own schema: a typo anywhere is an install error.
+        {"config": {"profiles": [{"name": "p", "resource": ["iluvatar.com/gpu"]}]}},
+        {"config": {"profiles": [{"name": "p", "resources": ["a/b"], "privileged": "yes"}]}},
+        {"config": {"policy": {"excludedNamespace": ["x"]}}},
+        {"config": {"policy": {"conflictPolicy": "overwrite"}}},
+        {"config": {"workloads": [{"apiVersion": "v1", "kind": "Pod", "templatePath": ["."]}]}},
+        {"config": {"workloads": [{**CRD_WORKLOAD, "resource": "TrainingJobs"}]}},
+        {"config": {"apiVersion": "ix-gpu.io/v2"}},
+        # Values the `config` value replaced: rejected by name rather than silently ignored.
+        {"profiles": {"iluvatar": {"resources": ["iluvatar.com/gpu"]}}},
+        {"webhook": {"tfjobs": False}},
+        {"webhook": {"excludedNamespaces": ["batch"]}},
+        {"webhook": {"privilegedNamespaces": ["ml"]}},
+        {"webhook": {"conflictPolicy": "deny"}},
+        {"webhook": {"namespaceLookupFailure": "deny"}},
     ],
     ids=lambda v: str(v)[:60],
 )
 def test_values_schema_rejects_typos_and_bad_values(values: dict[str, Any]) -> None:
-    with pytest.raises(HelmError, match=r"schema|additional properties|minimum|maximum"):
+    with pytest.raises(HelmError, match=r"schema"):
         chart().render(values, name="ixg", namespace=NAMESPACE)
 
 
 def test_values_schema_accepts_the_defaults_and_documented_examples() -> None:
     chart().validate_schema(chart().values)
-    chart().validate_schema({"profiles": {"iluvatar": {"resources": ["iluvatar.com/*"]}}})
+    glob = {"name": "iluvatar", "resources": ["iluvatar.com/*"]}
+    chart().validate_schema({"config": {"profiles": [glob]}})
+    for example in ("seed-config.yaml", "nvidia-hostpath-driver.yaml"):
+        chart().validate_schema({"config": load_yaml(EXAMPLES / example)})
+
+
+# --------------------------------------------------------------------------- one config schema
+
+
+def test_values_schema_embeds_the_config_schema_the_cli_prints() -> None:
+    """No second, hand-written schema: `config` in values.schema.json is `ix-gpu config schema`.
+    On drift: .venv/bin/python scripts/sync_chart.py."""
+    embedded = json.loads((CHART / "values.schema.json").read_text())["properties"]["config"]
+    assert embedded == json_schema()
+    printed = subprocess.run(
+        [sys.executable, "-m", "ix_gpu", "config", "schema"], capture_output=True, text=True, check=True
+    )
+    assert json.loads(printed.stdout) == embedded
+
+
+def test_values_config_is_the_built_in_default() -> None:
+    """The chart's default `config` is `ix-gpu config default`, so installing the chart and running
+    the webhook without --config inject the same. On drift: .venv/bin/python scripts/sync_chart.py."""
+    assert parse_config(chart().values["config"]) == default_config()
+    assert chart().values["config"] == default_config().model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+
+
+def test_sync_script_finds_nothing_to_regenerate() -> None:
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "sync_chart.py"), "--check"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
 
 
 def test_provided_mode_without_its_secret_is_an_error() -> None:
@@ -176,9 +302,9 @@ def _webhooks(values: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]
     return {w["name"]: w for w in mwc["webhooks"]}
 
 
-def test_two_webhooks_with_the_safe_registration_settings() -> None:
+def test_one_webhook_per_configured_workload_with_the_safe_registration_settings() -> None:
     hooks = _webhooks()
-    assert sorted(hooks) == ["pods.ix-gpu.io", "tfjobs.ix-gpu.io"]
+    assert list(hooks) == [POD_HOOK, TFJOB_HOOK, LEGACY_HOOK]  # config.workloads, in order
     for hook in hooks.values():
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["sideEffects"] == "None"
@@ -194,27 +320,111 @@ def test_two_webhooks_with_the_safe_registration_settings() -> None:
             "port": 443,
         }
         assert "caBundle" not in hook["clientConfig"]  # self mode: the webhook patches it
-        assert [r["operations"] for r in hook["rules"]] == [["CREATE"]]
-    assert hooks["pods.ix-gpu.io"]["rules"][0]["resources"] == ["pods"]
-    tfjob_rule = hooks["tfjobs.ix-gpu.io"]["rules"][0]
-    assert (tfjob_rule["apiGroups"], tfjob_rule["apiVersions"], tfjob_rule["resources"]) == (
-        ["kubeflow.org"],
-        ["v1"],
-        ["tfjobs"],
-    )
+        assert [(r["operations"], r["scope"]) for r in hook["rules"]] == [(["CREATE"], "Namespaced")]
+    assert _rule(hooks[POD_HOOK]) == ([""], ["v1"], ["pods"])
+    assert _rule(hooks[TFJOB_HOOK]) == (["kubeflow.org"], ["v1"], ["tfjobs"])
+    assert _rule(hooks[LEGACY_HOOK]) == (["mlkube.io"], ["v1beta1"], ["tfjobs"])
+
+
+def _rule(hook: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    (rule,) = hook["rules"]
+    return rule["apiGroups"], rule["apiVersions"], rule["resources"]
+
+
+def test_a_configured_crd_is_registered_with_its_group_version_and_resource() -> None:
+    workloads = [
+        {"apiVersion": "v1", "kind": "Pod", "templatePaths": ["."]},
+        CRD_WORKLOAD,
+        {"apiVersion": "ray.io/v1", "kind": "RayCluster", "templatePaths": ["spec.headGroupSpec.template"]},
+        {"apiVersion": "example.com/v1", "kind": "Policy", "templatePaths": ["spec.template"]},
+        {
+            "apiVersion": "example.com/v2",
+            "kind": "Policy",
+            "templatePaths": ["spec.template"],
+            "resource": "pols",
+        },
+        {"apiVersion": "batch.example.com/*", "kind": "*Job", "templatePaths": ["spec.template"]},
+    ]
+    hooks = _webhooks({"config": {"workloads": workloads}})
+    assert {name: _rule(hook) for name, hook in hooks.items()} == {
+        POD_HOOK: ([""], ["v1"], ["pods"]),
+        "trainingjobs.v1alpha1.example.com.ix-gpu.io": (["example.com"], ["v1alpha1"], ["trainingjobs"]),
+        "rayclusters.v1.ray.io.ix-gpu.io": (["ray.io"], ["v1"], ["rayclusters"]),
+        "policies.v1.example.com.ix-gpu.io": (["example.com"], ["v1"], ["policies"]),
+        "pols.v2.example.com.ix-gpu.io": (["example.com"], ["v2"], ["pols"]),
+        "all.all.batch.example.com.ix-gpu.io": (["batch.example.com"], ["*"], ["*"]),
+    }
+    # The chart's guess of the plural is the core's (Workload.resource_name).
+    for workload, hook in zip(workloads, hooks.values(), strict=True):
+        assert _rule(hook)[2] == [Workload.model_validate(workload).resource_name()]
+    assert [
+        (w.api_version, w.kind) for w in _webhook_config({"config": {"workloads": workloads}}).workloads
+    ] == [(w["apiVersion"], w["kind"]) for w in workloads]
+
+
+def test_workloads_sharing_a_webhook_name_are_an_error() -> None:
+    twice = [CRD_WORKLOAD, {**CRD_WORKLOAD, "kind": "Other", "resource": "trainingjobs"}]
+    with pytest.raises(HelmError, match="set a distinct `resource`"):
+        chart().render({"config": {"workloads": twice}}, name="ixg", namespace=NAMESPACE)
+    with pytest.raises(HelmError, match=r"config\.workloads lists no workload"):
+        chart().render({"config": {"workloads": []}}, name="ixg", namespace=NAMESPACE)
+
+
+SYSTEM = ["kube-system", "kube-public", "kube-node-lease"]
 
 
 def test_namespace_selector_excludes_system_release_and_opted_out_namespaces() -> None:
-    for hook in _webhooks({"webhook": {"excludedNamespaces": ["batch"]}}).values():
+    values = {"config": {"policy": {"excludedNamespaces": ["batch"]}}}
+    for hook in _webhooks(values).values():
         expressions = hook["namespaceSelector"]["matchExpressions"]
         assert expressions == [
             {
                 "key": "kubernetes.io/metadata.name",
                 "operator": "NotIn",
-                "values": ["kube-system", "kube-public", "kube-node-lease", NAMESPACE, "batch"],
+                "values": [*SYSTEM, NAMESPACE, "batch"],
             },
             {"key": "ix-gpu.io/inject", "operator": "NotIn", "values": ["disabled"]},
         ]
+    # The webhook's own config excludes the same namespaces.
+    assert list(_webhook_config(values).policy.excluded_namespaces) == [*SYSTEM, NAMESPACE, "batch"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector as the apiserver evaluates it (matchLabels and the four operators)."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        present = key in labels
+        ok = {
+            "In": present and labels.get(key) in values,
+            "NotIn": not present or labels[key] not in values,  # absent keys match NotIn
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[operator]
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("labels", "sent"),
+    [
+        ({}, True),  # unlabelled objects still reach the webhook
+        ({"app": "train"}, True),
+        ({"ix-gpu.io/inject": "enabled"}, True),
+        ({"ix-gpu.io/inject": "disabled"}, False),
+    ],
+)
+def test_object_selector_skips_only_objects_labelled_inject_disabled(
+    labels: dict[str, str], sent: bool
+) -> None:
+    for hook in _webhooks().values():
+        assert hook["objectSelector"] == {
+            "matchExpressions": [{"key": "ix-gpu.io/inject", "operator": "NotIn", "values": ["disabled"]}]
+        }
+        assert _selects(hook["objectSelector"], labels) is sent
 
 
 def test_without_match_conditions_the_webhooks_fall_back_to_ignore() -> None:
@@ -223,10 +433,10 @@ def test_without_match_conditions_the_webhooks_fall_back_to_ignore() -> None:
         assert "matchConditions" not in hook
 
 
-def test_tfjob_webhook_can_be_turned_off() -> None:
-    assert sorted(_webhooks({"webhook": {"tfjobs": False}})) == ["pods.ix-gpu.io"]
-    config = _webhook_config({"webhook": {"tfjobs": False}})
-    assert [w.kind for w in config.workloads] == ["Pod"]
+def test_only_configured_workloads_are_registered() -> None:
+    values = {"config": {"workloads": [{"apiVersion": "v1", "kind": "Pod", "templatePaths": ["."]}]}}
+    assert list(_webhooks(values)) == [POD_HOOK]
+    assert [w.kind for w in _webhook_config(values).workloads] == ["Pod"]
 
 
 def test_cert_modes_wire_the_ca_bundle() -> None:
@@ -309,7 +519,7 @@ POD_CASES = [
 
 @pytest.mark.parametrize(("case", "pod", "expected"), POD_CASES, ids=[c[0] for c in POD_CASES])
 def test_pod_match_condition(case: str, pod: dict[str, Any], expected: bool) -> None:
-    assert _matches(_webhooks()["pods.ix-gpu.io"], pod) is expected
+    assert _matches(_webhooks()[POD_HOOK], pod) is expected
 
 
 TFJOB_CASES = [
@@ -348,23 +558,88 @@ TFJOB_CASES = [
 
 @pytest.mark.parametrize(("case", "job", "expected"), TFJOB_CASES, ids=[c[0] for c in TFJOB_CASES])
 def test_tfjob_match_condition(case: str, job: dict[str, Any], expected: bool) -> None:
-    assert _matches(_webhooks()["tfjobs.ix-gpu.io"], job) is expected
+    assert _matches(_webhooks()[TFJOB_HOOK], job) is expected
+
+
+def _legacy(replica_specs: Any) -> dict[str, Any]:
+    return {"apiVersion": "mlkube.io/v1beta1", "kind": "TfJob", "spec": {"replica_specs": replica_specs}}
+
+
+GPU_TEMPLATE = {"spec": {"containers": [container("c", limits={"nvidia.com/gpu": "1"})]}}
+CPU_TEMPLATE = {"spec": {"containers": [container("c", limits={"cpu": "1"})]}}
+LEGACY_CASES = [
+    ("seed tfjob", load_yaml(EXAMPLES / "seed-tfjob.yaml"), True),
+    ("second replica", _legacy([{"template": CPU_TEMPLATE}, {"template": GPU_TEMPLATE}]), True),
+    ("cpu only", _legacy([{"template": CPU_TEMPLATE}]), False),
+    ("empty list", _legacy([]), False),
+    # Shapes a CRD without a schema lets through: never an evaluation error (failurePolicy Fail).
+    ("replica specs a map", _legacy({"MASTER": {"template": GPU_TEMPLATE}}), False),
+    ("replica specs a string", _legacy("x"), False),
+    ("replica not a map", _legacy(["x", 1, None]), False),
+    ("template a list", _legacy([{"template": [GPU_TEMPLATE]}]), False),
+    ("spec a string", _legacy([{"template": {"spec": "x"}}]), False),
+    ("containers a map", _legacy([{"template": {"spec": {"containers": {"c": {}}}}}]), False),
+    ("container a string", _legacy([{"template": {"spec": {"containers": ["c"]}}}]), False),
+    (
+        "limits a list",
+        _legacy([{"template": {"spec": {"containers": [{"resources": {"limits": ["nvidia.com/gpu"]}}]}}}]),
+        False,
+    ),
+    ("no spec", {"apiVersion": "mlkube.io/v1beta1", "kind": "TfJob"}, False),
+]
+
+
+@pytest.mark.parametrize(("case", "job", "expected"), LEGACY_CASES, ids=[c[0] for c in LEGACY_CASES])
+def test_list_template_path_match_condition(case: str, job: dict[str, Any], expected: bool) -> None:
+    """spec.replica_specs[*].template: the seed's legacy TfJob, a list of replicas."""
+    assert _matches(_webhooks()[LEGACY_HOOK], job) is expected
+
+
+def test_crd_match_condition_follows_nested_template_paths() -> None:
+    values = {"config": {"workloads": [CRD_WORKLOAD]}}
+    hook = _webhooks(values)["trainingjobs.v1alpha1.example.com.ix-gpu.io"]
+
+    def job(roles: Any) -> dict[str, Any]:
+        return {"apiVersion": "example.com/v1alpha1", "kind": "TrainingJob", "spec": {"roles": roles}}
+
+    assert _matches(
+        hook, job({"a": {"pods": [{"template": CPU_TEMPLATE}]}, "b": {"pods": [{"template": GPU_TEMPLATE}]}})
+    )
+    assert not _matches(hook, job({"a": {"pods": [{"template": CPU_TEMPLATE}]}}))
+    assert not _matches(hook, job({"a": {"pods": {"template": GPU_TEMPLATE}}}))  # not a list
+    assert not _matches(hook, job([{"pods": [{"template": GPU_TEMPLATE}]}]))  # not a map
+    assert not _matches(hook, job({"a": "x"}))
 
 
 def test_match_condition_follows_the_configured_profiles() -> None:
-    values = {"profiles": {"nvidia": {"enabled": False}, "iluvatar": {"resources": ["iluvatar.com/*"]}}}
-    hook = _webhooks(values)["pods.ix-gpu.io"]
-    assert _matches(hook, pod("p", [container("c", limits={"iluvatar.com/gpu-bi150": "1"})]))
-    assert not _matches(hook, pod("p", [container("c", limits={"nvidia.com/gpu": "1"})]))
+    profiles = [
+        {"name": "iluvatar", "resources": ["iluvatar.com/*"]},
+        {"name": "mig", "resources": ["nvidia.com/mig-?g.*gb"]},
+    ]
+    values = {"config": {"profiles": profiles}}
+    hook = _webhooks(values)[POD_HOOK]
     config = _webhook_config(values)
-    assert [p.name for p in config.profiles] == ["iluvatar"]
-    assert config.profiles[0].matches("iluvatar.com/gpu-bi150")
+    assert [p.name for p in config.profiles] == ["iluvatar", "mig"]
+    for resource in [
+        "iluvatar.com/gpu-bi150",
+        "iluvatar.com/",
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb",
+        "nvidia.com/mig-7g.80gb",
+        "nvidia.com/mig-1gx10gb",
+        "nvidia.com/mig-12g.10gb",
+        "nvidiaxcom/mig-1g.10gb",
+        "amd.com/gpu",
+    ]:
+        # The CEL pre-filter and the core agree on what a profile's globs match.
+        expected = any(fnmatch.fnmatchcase(resource, g) for p in profiles for g in p["resources"])
+        assert any(p.matches(resource) for p in config.profiles) is expected
+        assert _matches(hook, pod("p", [container("c", limits={resource: "1"})])) is expected, resource
 
 
-def test_no_enabled_profile_is_an_error() -> None:
-    values = {"profiles": {"nvidia": {"enabled": False}, "iluvatar": {"enabled": False}}}
-    with pytest.raises(HelmError, match="at least one profile"):
-        chart().render(values, name="ixg", namespace=NAMESPACE)
+def test_no_profile_is_an_error() -> None:
+    with pytest.raises(HelmError, match=r"config\.profiles lists no profile"):
+        chart().render({"config": {"profiles": []}}, name="ixg", namespace=NAMESPACE)
 
 
 # --------------------------------------------------------------------------- webhook workload
@@ -375,35 +650,45 @@ def _webhook_config(values: dict[str, Any] | None = None) -> Any:
     return parse_config(yaml.safe_load(configmap["data"]["config.yaml"]), "chart ConfigMap")
 
 
-def test_webhook_configmap_is_a_valid_config_with_both_profiles() -> None:
+def test_webhook_configmap_is_the_built_in_default_plus_the_release_namespace() -> None:
     config = _webhook_config()
+    default = default_config()
+    assert config.profiles == default.profiles
+    assert config.workloads == default.workloads
+    assert config.policy == default.policy.model_copy(update={"excluded_namespaces": (*SYSTEM, NAMESPACE)})
     assert [(p.name, p.resources) for p in config.profiles] == [
         ("iluvatar", ("iluvatar.com/gpu",)),
         ("nvidia", ("nvidia.com/gpu",)),
     ]
     assert [v.host_path for v in config.profiles[0].volumes] == ["/usr/local/corex"]
-    assert config.profiles[1].env[0].value == "/usr/local/cuda/lib64"
-    assert NAMESPACE in config.policy.excluded_namespaces
-    assert [(w.api_version, w.kind) for w in config.workloads] == [
-        ("v1", "Pod"),
-        ("kubeflow.org/v1", "TFJob"),
-    ]
+    # NVIDIA: the container toolkit provides the driver; nothing from /usr/local/cuda.
+    assert (config.profiles[1].volumes, config.profiles[1].env) == ((), ())
 
 
-def test_webhook_configmap_carries_policy_values() -> None:
-    config = _webhook_config(
-        {
-            "webhook": {
-                "privilegedNamespaces": ["ml"],
-                "conflictPolicy": "deny",
-                "namespaceLookupFailure": "deny",
-            },
-            "profiles": {"nvidia": {"privileged": "allowed"}},
-        }
-    )
-    assert config.policy.privileged_namespaces == ("ml",)
-    assert (config.policy.conflict_policy, config.policy.namespace_lookup_failure) == ("deny", "deny")
-    assert config.profiles[1].privileged == "allowed"
+def test_webhook_configmap_carries_the_whole_config_value() -> None:
+    """The seed's config, given as the `config` value, is what the webhook loads (plus the
+    namespaces the chart always excludes): device nodes, env and privileged in its namespace."""
+    values = _seed_values()
+    config = _webhook_config(values)
+    seed = parse_config(load_yaml(EXAMPLES / "seed-config.yaml"))
+    assert config.profiles == seed.profiles
+    assert config.profiles[0].device_nodes.inject is True
+    assert config.policy.privileged_namespaces == ("ml-team",)
+    assert config.policy.excluded_namespaces == (*SYSTEM, NAMESPACE)
+    # Helm merged the seed's config over the default: the default workloads stay.
+    assert config.workloads == default_config().workloads
+    assert list(_webhooks(values)) == [POD_HOOK, TFJOB_HOOK, LEGACY_HOOK]
+    hook = _webhooks(values)[LEGACY_HOOK]
+    assert _matches(hook, load_yaml(EXAMPLES / "seed-tfjob.yaml"))
+    assert not _matches(_webhooks(values)[POD_HOOK], pod("p", limits={"iluvatar.com/gpu": "1"}))
+
+
+def test_rendering_does_not_change_the_values() -> None:
+    values = {"config": {"policy": {"excludedNamespaces": ["batch"]}}}
+    before = copy.deepcopy(values)
+    render(values)
+    assert values == before
+    assert chart().values["config"]["policy"]["excludedNamespaces"] == SYSTEM
 
 
 def _volume(workload: dict[str, Any], name: str) -> dict[str, Any]:
@@ -442,6 +727,19 @@ def test_webhook_deployment_is_hardened_and_probed_over_https() -> None:
         a.split("=", 1)[1] for a in container["args"] if a.startswith("--config=")
     ]
     assert _volume(deployment, "config")["configMap"]["name"] == WEBHOOK
+    assert pod["nodeSelector"] == LINUX
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+
+
+def test_webhook_host_network_option() -> None:
+    values = {"webhook": {"hostNetwork": True, "nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}
+    pod = find(render(values), "Deployment", WEBHOOK)["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert pod["nodeSelector"] == {**LINUX, "node-role.kubernetes.io/control-plane": ""}
+    # Listening on all of the node's addresses, on the port the Service targets.
+    (container,) = pod["containers"]
+    assert "--host=0.0.0.0" in container["args"]
+    assert container["ports"][0]["containerPort"] == 8443
 
 
 def test_external_name_service_for_local_tests() -> None:
@@ -500,21 +798,28 @@ def test_webhook_rbac_without_self_certs_only_reads_namespaces(mode: str) -> Non
     assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
 
 
-def test_plugin_gets_node_rights_only_with_node_labels() -> None:
-    objects = render()
+def test_plugin_labels_nodes_by_default_with_patch_on_nodes_only() -> None:
+    labelled = render()
+    assert _rules(labelled, "ClusterRole", PLUGIN) == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]},  # a merge patch reads nothing
+    ]
+    binding = find(labelled, "ClusterRoleBinding", PLUGIN)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": PLUGIN, "namespace": NAMESPACE}]
+    assert find(labelled, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is True
+    daemonset = find(labelled, "DaemonSet", PLUGIN)
+    assert daemonset["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    configmap = find(labelled, "ConfigMap", "ix-config")
+    assert parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"])).labels.enabled
+
+    objects = render({"plugin": {"nodeLabels": False}})
     assert not [
         o
         for o in objects
         if o["kind"] in ("ClusterRole", "ClusterRoleBinding") and o["metadata"]["name"] == PLUGIN
     ]
     assert find(objects, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is False
-    labelled = render({"plugin": {"nodeLabels": True}})
-    assert _rules(labelled, "ClusterRole", PLUGIN) == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-    ]
-    assert find(labelled, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is True
-    configmap = find(labelled, "ConfigMap", "ix-config")
-    assert parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"])).labels.enabled
+    configmap = find(objects, "ConfigMap", "ix-config")
+    assert not parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"])).labels.enabled
 
 
 # --------------------------------------------------------------------------- device plugin
@@ -524,16 +829,20 @@ SEED_IX_CONFIG = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n    rep
 
 
 def test_ix_config_is_the_vendor_format_verbatim() -> None:
-    objects = render({"plugin": {"config": {"sharing": {"timeSlicing": {"replicas": 4}}}}})
-    configmap = find(objects, "ConfigMap", "ix-config")
+    values = {"plugin": {"nodeLabels": False, "config": {"sharing": {"timeSlicing": {"replicas": 4}}}}}
+    configmap = find(render(values), "ConfigMap", "ix-config")
     assert configmap["metadata"]["namespace"] == NAMESPACE
     assert configmap["data"] == {"ix-config": SEED_IX_CONFIG}
     config = parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"]))
     assert (config.flags.splitboard, config.replicas) == (False, 4)
+    # Node labels (on by default) add our own section after the vendor's keys.
+    labelled = find(render(merge(values, {"plugin": {"nodeLabels": True}})), "ConfigMap", "ix-config")
+    assert labelled["data"] == {"ix-config": SEED_IX_CONFIG + "\nlabels:\n  enabled: true"}
     split = find(render({"plugin": {"config": {"flags": {"splitboard": True}}}}), "ConfigMap", "ix-config")
     assert yaml.safe_load(split["data"]["ix-config"]) == {
         "flags": {"splitboard": True},
         "sharing": {"timeSlicing": {"replicas": 1}},
+        "labels": {"enabled": True},
     }
 
 
@@ -543,7 +852,7 @@ def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["priorityClassName"] == "system-node-critical"
-    assert pod["nodeSelector"] == {"ix-gpu.io/gpu": "true"}
+    assert pod["nodeSelector"] == {**LINUX, "ix-gpu.io/gpu": "true"}
     assert {"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert container["securityContext"]["privileged"] is True
     assert container["securityContext"]["runAsUser"] == 0  # the image's default user is 10001
@@ -554,6 +863,7 @@ def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
         "/dev": "/dev",
         "/sys": "/sys",
         "/run/udev": "/run/udev",
+        "/usr/local/corex": "/usr/local/corex",
     }
     assert mounts["/sys"][1] and mounts["/run/udev"][1] and not mounts["/dev"][1]
     assert mounts["/ixconfig"][0] == "ix-config"
@@ -567,14 +877,146 @@ def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
+def test_plugin_mounts_the_driver_root_read_only_and_puts_its_libraries_on_the_loader_path() -> None:
+    """The ixml backend loads libixml.so (nvml: libnvidia-ml.so.1) from the node's driver; the
+    image has neither. The default root is the built-in Iluvatar profile's driver root."""
+    iluvatar = next(p for p in default_config().profiles if p.name == "iluvatar")
+    (driver_volume,) = iluvatar.volumes
+
+    def plugin(values: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        daemonset = find(render(values), "DaemonSet", PLUGIN)
+        (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+        return daemonset, container
+
+    daemonset, container = plugin()
+    assert _volume(daemonset, "driver")["hostPath"] == {
+        "path": driver_volume.host_path,
+        "type": "DirectoryOrCreate",  # nodes without this driver still run the plugin
+    }
+    assert {"name": "driver", "mountPath": driver_volume.host_path, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/corex/lib64"
+    assert env["LD_LIBRARY_PATH"] == iluvatar.env[0].value  # the lib dir the webhook injects too
+
+    daemonset, container = plugin(
+        {
+            "plugin": {
+                "driver": {
+                    "root": "/run/nvidia/driver",
+                    "libraryDirs": ["usr/lib64", "usr/lib/x86_64-linux-gnu/"],
+                }
+            }
+        }
+    )
+    assert _volume(daemonset, "driver")["hostPath"]["path"] == "/run/nvidia/driver"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (
+        env["LD_LIBRARY_PATH"] == "/run/nvidia/driver/usr/lib64:/run/nvidia/driver/usr/lib/x86_64-linux-gnu"
+    )
+
+    daemonset, container = plugin({"plugin": {"driver": {"root": ""}}})
+    assert "driver" not in {v["name"] for v in daemonset["spec"]["template"]["spec"]["volumes"]}
+    assert "driver" not in {m["name"] for m in container["volumeMounts"]}
+    assert "LD_LIBRARY_PATH" not in {e["name"] for e in container["env"]}
+
+
 def test_components_can_be_disabled() -> None:
-    assert {
-        o["metadata"].get("labels", {}).get("app.kubernetes.io/component")
-        for o in render({"webhook": {"enabled": False}})
-    } == {"device-plugin"}
+    only_plugin = render({"webhook": {"enabled": False}})
+    assert {o["metadata"].get("labels", {}).get("app.kubernetes.io/component") for o in only_plugin} == {
+        "device-plugin",
+        "metrics",
+    }
+    assert [p["name"] for p in find(only_plugin, "Service", METRICS)["spec"]["ports"]] == ["plugin-metrics"]
     only_webhook = render({"plugin": {"enabled": False}})
     assert "DaemonSet" not in kinds(only_webhook)
     assert not [o for o in only_webhook if o["metadata"]["name"] == "ix-config"]
+    assert [p["name"] for p in find(only_webhook, "Service", METRICS)["spec"]["ports"]] == ["webhook-metrics"]
+    assert not [
+        o
+        for o in render({"webhook": {"enabled": False}, "plugin": {"enabled": False}})
+        if o["kind"] == "Service"
+    ]
+
+
+def test_both_workloads_run_on_linux_nodes_by_default() -> None:
+    objects = render()
+    for kind, name in (("Deployment", WEBHOOK), ("DaemonSet", PLUGIN)):
+        assert find(objects, kind, name)["spec"]["template"]["spec"]["nodeSelector"] == LINUX
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_metrics_service_reaches_both_components_metrics_ports() -> None:
+    objects = render()
+    service = find(objects, "Service", METRICS)
+    assert service["spec"]["clusterIP"] == "None"  # one target per pod, not a balanced address
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"webhook-metrics", "plugin-metrics"}
+    for kind, name, port in (
+        ("Deployment", WEBHOOK, "webhook-metrics"),
+        ("DaemonSet", PLUGIN, "plugin-metrics"),
+    ):
+        template = find(objects, kind, name)["spec"]["template"]
+        # The Service selects this workload's pods, and its target port is a port they name.
+        assert _selects({"matchLabels": service["spec"]["selector"]}, template["metadata"]["labels"])
+        (container,) = template["spec"]["containers"]
+        named = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert named[ports[port]["targetPort"]] == ports[port]["port"]
+    assert ports["plugin-metrics"]["port"] == 9401
+    assert ports["webhook-metrics"]["port"] == 8443
+    assert "ServiceMonitor" not in kinds(objects)  # off by default
+    assert "Service" not in [
+        o["kind"]
+        for o in render({"metrics": {"service": {"enabled": False}}})
+        if o["metadata"]["name"] == METRICS
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "ca_key"), [("self", "ca-bundle.crt"), ("certManager", "ca.crt"), ("provided", "ca.crt")]
+)
+def test_service_monitor_scrapes_the_webhook_over_verified_tls_and_the_plugin(mode: str, ca_key: str) -> None:
+    values = merge(
+        CERT_MODES[mode], {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+    )
+    objects = render(values)
+    monitor = find(objects, "ServiceMonitor", METRICS)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    service = find(objects, "Service", METRICS)
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert _selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    assert not _selects(monitor["spec"]["selector"], find(objects, "Service", WEBHOOK)["metadata"]["labels"])
+    webhook, plugin = monitor["spec"]["endpoints"]
+    assert (webhook["port"], webhook["scheme"], webhook["path"]) == ("webhook-metrics", "https", "/metrics")
+    secret = find(objects, "Deployment", WEBHOOK)["spec"]["template"]["spec"]
+    assert webhook["tlsConfig"] == {
+        "serverName": f"{WEBHOOK}.{NAMESPACE}.svc",
+        "ca": {
+            "secret": {
+                "name": {"self": f"{WEBHOOK}-tls", "certManager": f"{WEBHOOK}-tls", "provided": "my-tls"}[
+                    mode
+                ],
+                "key": ca_key,
+            }
+        },
+    }
+    assert secret  # the Deployment exists in every mode
+    assert (plugin["port"], plugin["scheme"], plugin["path"]) == ("plugin-metrics", "http", "/metrics")
+    custom = render(
+        merge(values, {"metrics": {"serviceMonitor": {"webhookTlsConfig": {"insecureSkipVerify": True}}}})
+    )
+    assert find(custom, "ServiceMonitor", METRICS)["spec"]["endpoints"][0]["tlsConfig"] == {
+        "insecureSkipVerify": True
+    }
+    with pytest.raises(HelmError, match=r"needs metrics\.service\.enabled"):
+        chart().render(
+            merge(values, {"metrics": {"service": {"enabled": False}}}), name="ixg", namespace=NAMESPACE
+        )
 
 
 # --------------------------------------------------------------------------- names and NOTES
@@ -596,16 +1038,17 @@ def test_notes_explain_how_to_check_the_install() -> None:
     assert "ix-gpu mutate" in text
     assert "ix-gpu.io/inject=disabled" in text
     assert f"deployment/{WEBHOOK}" in text
+    assert "Registered for: Pod (v1), TFJob (kubeflow.org/v1), TfJob (mlkube.io/v1beta1)." in text
+    assert "ix-gpu.io/gpu-type" in text and "gpu\\.product" in text
 
 
 def test_readme_values_table_covers_every_value() -> None:
-    from tests.chart.rendering import CHART
-
     readme = (CHART / "README.md").read_text()
     leaves: list[str] = []
 
     def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict) and node and not prefix.endswith(".resources"):
+        # Maps of the user's own keys (resources, node selectors) are one value each.
+        if isinstance(node, dict) and node and not prefix.endswith((".resources", ".nodeSelector")):
             for key, value in node.items():
                 walk(f"{prefix}.{key}" if prefix else key, value)
         else:

@@ -35,12 +35,18 @@ from tests.support.waiting import wait_until
 
 DNS = ("ixg-ix-gpu-webhook.ix-gpu-system.svc",)
 MWC = "ixg-ix-gpu"
+CHART_WEBHOOKS = (
+    "pods.v1.ix-gpu.io",
+    "tfjobs.v1.kubeflow.org.ix-gpu.io",
+    "tfjobs.v1beta1.mlkube.io.ix-gpu.io",
+)
+"""The webhooks of the chart's configuration with the default values (one per workload)."""
 
 
 class StandIn:
     """The apiserver as self mode sees it: one namespace's Secrets and one configuration."""
 
-    def __init__(self, webhooks: tuple[str, ...] = ("pods.ix-gpu.io", "tfjobs.ix-gpu.io")) -> None:
+    def __init__(self, webhooks: tuple[str, ...] = CHART_WEBHOOKS) -> None:
         self.lock = threading.Lock()
         self.version = 0
         self.secrets: dict[str, tuple[dict[str, bytes], str]] = {}
@@ -408,7 +414,7 @@ def test_the_charts_webhook_args_parse_and_give_the_settings() -> None:
         validity=dt.timedelta(days=90),
     )
     configured = {h["name"] for h in find(render(), "MutatingWebhookConfiguration", MWC)["webhooks"]}
-    assert configured == {"pods.ix-gpu.io", "tfjobs.ix-gpu.io"}
+    assert configured == set(CHART_WEBHOOKS)
     role = find(render(), "Role", "ixg-ix-gpu-webhook")
     assert role["rules"][0]["resourceNames"] == [settings.secret_name]
 

@@ -1,14 +1,26 @@
-"""The webhook config schema: strict, camelCase, errors that name the field."""
+"""The webhook config schema: strict, camelCase, errors that name the field; its JSON Schema; the
+built-in profiles."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+import yaml
 
 from ix_gpu.devicemodel.schema_base import ConfigError
-from ix_gpu.devicemodel.webhook_config import default_config, load_config, parse_config
+from ix_gpu.devicemodel.webhook_config import (
+    Workload,
+    default_config,
+    json_schema,
+    load_config,
+    parse_config,
+)
+from tests.support.paths import EXAMPLES
 
 
 def profile(**extra: Any) -> dict[str, Any]:
@@ -101,7 +113,123 @@ def test_digest_tracks_content() -> None:
 
 
 def test_default_yaml_round_trips() -> None:
-    import yaml
-
     text = default_config().to_yaml()
     assert parse_config(yaml.safe_load(text)) == default_config()
+
+
+def test_nvidia_default_mounts_no_driver_and_sets_no_library_path() -> None:
+    """The NVIDIA container toolkit (or CDI) provides the driver: a hostPath of /usr/local/cuda
+    would shadow the CUDA toolkit in the user's image and fail on nodes without that directory."""
+    nvidia = next(p for p in default_config().profiles if p.name == "nvidia")
+    assert nvidia.volumes == ()
+    assert nvidia.env == ()
+    assert all("cuda" not in v.host_path for v in nvidia.all_volumes())
+    assert [t.key for t in nvidia.tolerations] == ["nvidia.com/gpu"]
+    iluvatar = next(p for p in default_config().profiles if p.name == "iluvatar")
+    assert [(v.host_path, v.read_only) for v in iluvatar.volumes] == [("/usr/local/corex", True)]
+    assert [(e.name, e.value) for e in iluvatar.env] == [("LD_LIBRARY_PATH", "/usr/local/corex/lib64")]
+
+
+def test_the_host_driver_example_is_the_previous_nvidia_default() -> None:
+    config = load_config(EXAMPLES / "nvidia-hostpath-driver.yaml")
+    nvidia = next(p for p in config.profiles if p.name == "nvidia")
+    assert [(v.host_path, v.mount_path, v.read_only) for v in nvidia.volumes] == [
+        ("/usr/local/cuda", "/usr/local/cuda", True)
+    ]
+    assert [(e.name, e.value, e.mode.value) for e in nvidia.env] == [
+        ("LD_LIBRARY_PATH", "/usr/local/cuda/lib64", "prepend-path")
+    ]
+    assert config.profiles[0] == default_config().profiles[0]  # Iluvatar as built in
+    # The built-in default's digest before the change: objects injected under it count as
+    # injected under this config, so switching to it re-injects nothing.
+    assert config.digest() == "1670c520f8"
+
+
+@pytest.mark.parametrize(
+    ("kind", "resource"),
+    [
+        ("Pod", "pods"),
+        ("TFJob", "tfjobs"),
+        ("TfJob", "tfjobs"),
+        ("PyTorchJob", "pytorchjobs"),
+        ("Policy", "policies"),
+        ("Status", "statuses"),
+        ("*Job", "*"),
+    ],
+)
+def test_workload_resource_is_guessed_from_the_kind_as_kubernetes_does(kind: str, resource: str) -> None:
+    workload = Workload(api_version="example.com/v1", kind=kind, template_paths=("spec.template",))
+    assert workload.resource_name() == resource
+    named = Workload(api_version="example.com/v1", kind=kind, template_paths=("t",), resource="things")
+    assert named.resource_name() == "things"
+
+
+def test_an_unset_workload_resource_leaves_the_digest_alone() -> None:
+    bare = {"apiVersion": "example.com/v1", "kind": "Job", "templatePaths": ["spec.template"]}
+    assert "resource" not in parse_config({"workloads": [bare]}).model_dump(by_alias=True)["workloads"][0]
+    named = parse_config({"workloads": [{**bare, "resource": "jobs"}]})
+    assert named.workloads[0].resource == "jobs"
+    assert named.digest() != parse_config({"workloads": [bare]}).digest()
+    with pytest.raises(ConfigError, match=r"workloads\[0\].resource"):
+        parse_config({"workloads": [{**bare, "resource": "Jobs"}]})
+
+
+# --------------------------------------------------------------------------- JSON Schema
+
+
+def _validator() -> jsonschema.Draft7Validator:
+    schema = json_schema()
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.mark.parametrize("path", ["seed-config.yaml", "nvidia-hostpath-driver.yaml"], ids=lambda p: str(p))
+def test_json_schema_accepts_the_default_and_the_examples(path: str) -> None:
+    validator = _validator()
+    validator.validate(default_config().model_dump(mode="json", by_alias=True, exclude_none=True))
+    validator.validate(yaml.safe_load((EXAMPLES / path).read_text()))
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        ({"profile": []}, "profile"),
+        (
+            {"profiles": [profile(volumes=[{"name": "v", "hostPath": "/a", "mountPath": "/b", "ro": 1}])]},
+            "ro",
+        ),
+        ({"profiles": [profile(env=[{"name": "A", "value": "1", "mode": "prepend"}])]}, "prepend"),
+        ({"profiles": [{"name": "p", "resources": []}]}, "resources"),
+        ({"profiles": [{"name": "p", "resource": ["a.com/gpu"]}]}, "resource"),
+        (
+            {"workloads": [{"apiVersion": "v1", "kind": "Pod", "templatePaths": ["."], "resource": "Pods"}]},
+            "Pods",
+        ),
+        ({"policy": {"conflictPolicy": "overwrite"}}, "overwrite"),
+        ({"apiVersion": "ix-gpu.io/v2"}, "apiVersion"),
+        ({"profiles": [profile(workload_resource="x")]}, "workload_resource"),
+    ],
+)
+def test_json_schema_rejects_what_the_models_reject(data: dict[str, Any], where: str) -> None:
+    errors = list(_validator().iter_errors(data))
+    assert errors, data
+    # The offending key or value, named in the message or in the error's location.
+    found = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
+    assert any(where in text for text in found), found
+    with pytest.raises(ConfigError):
+        parse_config(data)
+
+
+def test_json_schema_is_generated_from_the_models_with_camel_case_keys() -> None:
+    schema = json_schema()
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert set(schema["properties"]) == {"apiVersion", "kind", "profiles", "workloads", "policy"}
+    profile_schema = schema["definitions"]["Profile"]
+    assert profile_schema["additionalProperties"] is False
+    assert {"deviceNodes", "nodeSelector", "runtimeClassName"} <= set(profile_schema["properties"])
+    assert (
+        "Dotted paths to PodTemplateSpecs"
+        in schema["definitions"]["Workload"]["properties"]["templatePaths"]["description"]
+    )
+    refs = {m for m in re.findall(r'"\$ref": "#/definitions/(\w+)"', json.dumps(schema))}
+    assert refs <= set(schema["definitions"])

@@ -19,6 +19,7 @@ import yaml
 
 from tests.k8s.k8s_tier import KubeAPI
 from tests.support.cli import ix_gpu
+from tests.support.paths import ROOT
 
 GPU_RESOURCES = ("iluvatar.com/gpu", "nvidia.com/gpu")
 INJECTED = "ix-gpu.io/injected"
@@ -36,6 +37,10 @@ def webhook_config(privileged_namespaces: list[str]) -> dict[str, Any]:
     prepended to LD_LIBRARY_PATH, privileged allowed) and privileged allowed for Iluvatar too, in the
     given namespaces only."""
     config: dict[str, Any] = yaml.safe_load(ix_gpu("config", "default", check=True).stdout)
+    # The built-in nvidia profile leaves the driver to the container toolkit; these tests check
+    # the seed's hostPath recipe, kept as an example config.
+    example = yaml.safe_load((ROOT / "examples" / "nvidia-hostpath-driver.yaml").read_text())
+    config["profiles"] = example["profiles"]
     for profile in config["profiles"]:
         profile["privileged"] = "allowed"
         if profile["name"] == "nvidia":

@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
+import jsonpatch
 import pytest
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.plugin_config import load_plugin_config
+from ix_gpu.devicemodel.webhook_config import default_config
+from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.plugin.devices.device_list import build_device_list
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.node_labels import node_labels
 from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.core.decision import NamespaceFacts
+from ix_gpu.webhook.core.mutation import mutate
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
+from tests.support.objects import pod
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -76,7 +86,8 @@ def test_labels_published_once_per_change(
     assert body == {
         "metadata": {
             "labels": {
-                labels.GPU_PRODUCT: "Iluvatar-BI-V150",
+                labels.GPU_PRODUCT: "BI-V150",  # the model the README's gpu-type example names
+                labels.GPU_VENDOR: "iluvatar",
                 labels.GPU_COUNT: "8",
                 labels.GPU_MEMORY: "65536",
                 labels.GPU_REPLICAS: "4",
@@ -97,3 +108,48 @@ def test_labels_not_published_when_disabled(
     )
     asyncio.run(app.check_once())
     assert patches == []
+
+
+# Model names as libixml / NVML / the devfs backend report them, and as users write them.
+MODEL_NAMES = [
+    "Iluvatar BI-V150",
+    "Iluvatar MR-V100",
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA H200 (141GB)",
+    "Tesla V100-SXM2-16GB",
+    "iluvatar 0x0001",
+    "  BI-V150  ",
+    "GPU model: x/y@z",
+    "Ω " + "x" * 90,
+]
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_webhook_selects_exactly_the_product_label_the_plugin_publishes(name: str) -> None:
+    """A pod annotated with the product name a node reports lands on that node: the webhook's
+    required node affinity names the very value the plugin writes into the node label."""
+    chip = Chip(
+        uuid="GPU-0",
+        index=0,
+        minor=0,
+        board_id="b0",
+        board_position=0,
+        product=name,
+        memory_mib=32768,
+        numa_node=None,
+    )
+    published = node_labels(build_device_list([chip], splitboard=False, replicas=1))[labels.GPU_PRODUCT]
+    assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", published)
+    for written in (name, published, f"{published}, other-model"):
+        obj = pod(limits={"iluvatar.com/gpu": 1}, annotations={labels.GPU_TYPE: written})
+        result = mutate(obj, "CREATE", NamespaceFacts("team"), CompiledConfig(default_config()))
+        requirement = next(
+            expression
+            for term in jsonpatch.apply_patch(obj, result.ops)["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"]
+            for expression in term["matchExpressions"]
+            if expression["key"] == labels.GPU_PRODUCT
+        )
+        assert requirement["operator"] == "In"
+        assert requirement["values"][0] == published, written

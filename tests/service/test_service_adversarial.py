@@ -12,12 +12,12 @@ generated CA. Throughout:
 - every answer is the one the case allows (a 200 with the expected decision, or a 400/413 with a
   one-line JSON error), echoes the uid, and its patch applies to the object sent;
 - every answer comes within 1 s (client clock);
-- ``/healthz`` answers within 500 ms, probed every ~50 ms on its own connection from another
-  process (the GIL of this one would otherwise be measured). The issue's target is 100 ms and is
-  NOT met yet: parsing a 3 MiB review (``orjson.loads``, in the heavy lane's thread) holds the GIL
-  for 50-160 ms on this machine, and the loop waits for it (measured max 163 ms, p99 113 ms). The
-  figure is printed; the assertion guards against a stalled loop (the old code: over 60 s);
-- the webhook's RSS stays under 256 MiB, the chart's memory limit.
+- ``/healthz`` answers within 100 ms (the issue's target), probed every ~50 ms on its own
+  connection from another process (the GIL of this one would otherwise be measured). Large
+  reviews are parsed in a forked child (``HeavyLane``), so no 3 MiB ``orjson.loads`` holds the
+  loop's GIL (with a worker thread it did: /healthz up to 163 ms);
+- the webhook's memory stays under 256 MiB, the chart's memory limit: its RSS plus the private
+  pages of its review child (``tests.support.monitors.rss_bytes``).
 
 The corpus is deterministic for a seed: ``IX_GPU_ADVERSARIAL_SEED`` when set, else derived from the
 git HEAD commit, so successive CI runs cover different slices. ``IX_GPU_ADVERSARIAL_COUNT`` raises
@@ -58,9 +58,7 @@ from tests.support.webhook_process import WebhookProcess
 MINIMUM_REVIEWS = 20_000
 PARALLELISM = 8
 ANSWER_LIMIT_S = 1.0
-HEALTHZ_LIMIT_S = 0.5
-HEALTHZ_TARGET_S = 0.1
-"""The issue's target, printed beside the measured figure; not met yet (see the module docstring)."""
+HEALTHZ_LIMIT_S = 0.1
 RSS_LIMIT = 256 * MiB
 """The chart's memory limit for the webhook container."""
 PATCH_CHECK_MAX_BYTES = 64 * 1024
@@ -289,12 +287,6 @@ def _count() -> int:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 12 not done: /healthz stays over the 100 ms target (GIL held by large parses) and, "
-    "on a loaded machine, a 3 MiB review can still miss the 0.75 s budget (503); the run prints "
-    "every figure, and an unexpected pass shows as XPASS",
-)
 def test_adversarial_reviews_never_stall_or_exhaust_the_webhook(tmp_path: Path, cert_dir: Path) -> None:
     seed, source = adversarial_seed()
     label = f"{seed} ({source})"
@@ -310,7 +302,7 @@ def test_adversarial_reviews_never_stall_or_exhaust_the_webhook(tmp_path: Path, 
         sending = time.monotonic()
         with (
             RssSampler(webhook.process.pid) as rss,
-            HealthProber(webhook.url, cert_dir / "ca.crt", interval=0.05, slow=HEALTHZ_TARGET_S) as prober,
+            HealthProber(webhook.url, cert_dir / "ca.crt", interval=0.05, slow=HEALTHZ_LIMIT_S / 2) as prober,
         ):
             outcomes = _send_all(webhook, cases)
         timings["sending"] = time.monotonic() - sending

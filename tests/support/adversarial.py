@@ -43,6 +43,7 @@ import orjson
 import yaml
 
 from ix_gpu.webhook.core.mutation import MAX_GPU_CONTAINERS
+from ix_gpu.webhook.core.templates import MAX_KEY_CHARS
 from tests.support.objects import ILUVATAR, NVIDIA, json_paths, review
 from tests.support.paths import ROOT
 
@@ -721,7 +722,10 @@ class CorpusBuilder:
                 return dumps(envelope(obj, f"tfjob-key-{length}"))
 
             body = self._pooled(f"tfjob-key-{length}-{fill}", make_long)
-            return Case("tfjob-long-key", body, OK, MUTATED, f"tfjob-key-{length}")
+            # No Kubernetes name is longer than 253 characters; the core refuses such a template
+            # key rather than repeat it in every patch op (templates.MAX_KEY_CHARS).
+            decision = MUTATED if length <= MAX_KEY_CHARS else DENIED
+            return Case("tfjob-long-key", body, OK, decision, f"tfjob-key-{length}")
         obj = full_tfjob(rng)
         odd = rng.choice(["", "~", "/", "a/b", "~1", "0", "-", "Worker ", "ワーカー", "\u0000"])
         obj["spec"]["tfReplicaSpecs"][odd] = tf_replica(gpu_container("tf", 1, NVIDIA))

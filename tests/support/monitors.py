@@ -29,16 +29,38 @@ from tests.support.paths import ROOT
 MiB = 1024 * 1024
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of ``pid`` (0 when it is gone)."""
+def _kib_fields(path: str, names: tuple[bytes, ...]) -> int:
+    total = 0
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
+        with open(path, "rb") as status:
             for line in status:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1]) * 1024
+                if line.startswith(names):
+                    total += int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError):
         pass
-    return 0
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as children:
+                found.extend(int(child) for child in children.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return found
+
+
+def rss_bytes(pid: int) -> int:
+    """Memory ``pid`` holds, as its container's memory limit counts it (0 when it is gone): its
+    resident set, plus the pages private to each child process. The webhook forks a child for each
+    large review (:class:`ix_gpu.webhook.service.limits.HeavyLane`); the pages a child shares with
+    its parent are counted once, in the parent's RSS."""
+    total = _kib_fields(f"/proc/{pid}/status", (b"VmRSS:",))
+    for child in _children(pid):
+        total += _kib_fields(f"/proc/{child}/smaps_rollup", (b"Private_Clean:", b"Private_Dirty:"))
+    return total
 
 
 class RssSampler:

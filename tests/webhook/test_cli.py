@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 from cryptography import x509
 
+from ix_gpu.devicemodel.webhook_config import json_schema
 from ix_gpu.webhook.service.certificates import serving_cert_sans
 from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES
@@ -93,6 +97,8 @@ def test_mutate_denied_exits_1_with_reason() -> None:
         (["mutate", "-f", "-", "--namespace-label", "novalue"], "{}", "expected KEY=VALUE"),
         (["certs", "generate", "--out", "/tmp/x", "--ip", "300.1.1.1"], None, "is not an IP address"),
         (["bogus"], None, "invalid choice"),
+        (["config", "schema", "extra"], None, "unrecognized arguments: extra"),
+        (["config", "scheme"], None, "invalid choice"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], stdin: str | None, message: str) -> None:
@@ -118,6 +124,17 @@ def test_config_default_round_trips_and_validates(tmp_path: Path) -> None:
     validated = ix_gpu("config", "validate", str(path))
     assert validated.returncode == 0, validated.stderr
     assert "valid (2 profiles, 3 workloads" in validated.stdout
+
+
+def test_config_schema_prints_the_models_json_schema(tmp_path: Path) -> None:
+    result = ix_gpu("config", "schema")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    schema = json.loads(result.stdout)
+    assert schema == json_schema()
+    # What the schema accepts, the webhook loads: the built-in default, as `config default` prints it.
+    jsonschema.Draft7Validator(schema).validate(yaml.safe_load(ix_gpu("config", "default").stdout))
+    assert list(jsonschema.Draft7Validator(schema).iter_errors({"policy": {"excludedNamespace": ["a"]}}))
 
 
 def test_config_validate_names_unknown_key(tmp_path: Path) -> None:

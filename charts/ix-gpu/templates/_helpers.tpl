@@ -82,40 +82,103 @@ app.kubernetes.io/component: device-plugin
 {{- end -}}
 {{- end -}}
 
+{{/* "<fullname>-metrics": the Service (and ServiceMonitor) of both components' /metrics. */}}
+{{- define "ix-gpu.metrics.name" -}}
+{{- printf "%s-metrics" (include "ix-gpu.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
 {{/* Admission -------------------------------------------------------------------------------- */}}
 
-{{/* Namespaces the webhook never sees: system ones, its own, and the operator's list. */}}
+{{/*
+Namespaces the webhook never sees: system ones, its own, and config.policy.excludedNamespaces.
+The same list goes into the namespaceSelector and into the config the webhook loads.
+*/}}
 {{- define "ix-gpu.excludedNamespaces" -}}
 {{- $ns := list "kube-system" "kube-public" "kube-node-lease" .Release.Namespace -}}
-{{- range .Values.webhook.excludedNamespaces -}}
+{{- $policy := default dict .Values.config.policy -}}
+{{- range $policy.excludedNamespaces -}}
 {{- $ns = append $ns . -}}
 {{- end -}}
 {{- toJson ($ns | uniq) -}}
 {{- end -}}
 
-{{/* Resource names of the enabled profiles, as a JSON list. */}}
+{{/*
+The webhook's config as it loads it: `config` as given, with the excluded namespaces above. A copy,
+so that rendering never changes .Values.
+*/}}
+{{- define "ix-gpu.config" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $policy := default dict $config.policy -}}
+{{- $_ := set $policy "excludedNamespaces" (include "ix-gpu.excludedNamespaces" . | fromJsonArray) -}}
+{{- $_ = set $config "policy" $policy -}}
+{{- toYaml $config -}}
+{{- end -}}
+
+{{/* Resource names (exact or glob) of the configured profiles, as a JSON list. */}}
 {{- define "ix-gpu.gpuResources" -}}
 {{- $out := list -}}
-{{- range $name, $profile := .Values.profiles -}}
-{{- if $profile.enabled -}}
-{{- $out = concat $out $profile.resources -}}
-{{- end -}}
+{{- range .Values.config.profiles -}}
+{{- $out = concat $out .resources -}}
 {{- end -}}
 {{- toJson ($out | uniq) -}}
 {{- end -}}
 
 {{/*
-CEL: is the map key `r` a configured GPU resource? Exact names become one `in` test; names
-ending in "*" become startsWith tests.
+Where the apiserver sends one configured workload, as JSON {name, group, version, resource}. The
+group and version come from its apiVersion ("" and "v1" for a Pod); the resource is its `resource`,
+else the guess Kubernetes makes for a kind it does not know (lower case; -s → -ses, -y → -ies,
+else + s), as the core's Workload.resource_name() makes it. A glob becomes "*" in the rule and
+"all" in the webhook name, "<resource>.<version>[.<group>].ix-gpu.io".
+*/}}
+{{- define "ix-gpu.workload.registration" -}}
+{{- $parts := splitList "/" .apiVersion -}}
+{{- $group := "" -}}
+{{- $version := last $parts -}}
+{{- if gt (len $parts) 1 -}}
+{{- $group = first $parts -}}
+{{- end -}}
+{{- $glob := "[*?\\[]" -}}
+{{- if regexMatch $glob $group -}}{{- $group = "*" -}}{{- end -}}
+{{- if regexMatch $glob $version -}}{{- $version = "*" -}}{{- end -}}
+{{- $resource := .resource -}}
+{{- if not $resource -}}
+{{- $singular := lower .kind -}}
+{{- if regexMatch $glob .kind -}}
+{{- $resource = "*" -}}
+{{- else if hasSuffix "s" $singular -}}
+{{- $resource = printf "%ses" $singular -}}
+{{- else if hasSuffix "y" $singular -}}
+{{- $resource = printf "%sies" (trimSuffix "y" $singular) -}}
+{{- else -}}
+{{- $resource = printf "%ss" $singular -}}
+{{- end -}}
+{{- end -}}
+{{- $name := list (replace "*" "all" $resource) (replace "*" "all" $version) -}}
+{{- if $group -}}
+{{- $name = append $name (replace "*" "all" $group) -}}
+{{- end -}}
+{{- $name = append $name "ix-gpu.io" -}}
+{{- toJson (dict "name" (join "." $name | lower) "group" $group "version" $version "resource" $resource) -}}
+{{- end -}}
+
+{{/*
+CEL: is the map key `r` a configured GPU resource? Exact names become one `in` test, names whose
+only glob is a trailing "*" startsWith tests, other globs ("*" and "?" anywhere, as the core's
+fnmatch reads them) a regular expression. Resource names hold no other regex metacharacter than
+".", which is written "[.]" so the CEL string needs no escapes.
 */}}
 {{- define "ix-gpu.cel.isGpuResource" -}}
 {{- $exact := list -}}
 {{- $tests := list -}}
 {{- range (include "ix-gpu.gpuResources" . | fromJsonArray) -}}
-{{- if hasSuffix "*" . -}}
-{{- $tests = append $tests (printf "r.startsWith('%s')" (trimSuffix "*" .)) -}}
-{{- else -}}
+{{- $prefix := trimSuffix "*" . -}}
+{{- if not (regexMatch "[*?]" .) -}}
 {{- $exact = append $exact (printf "'%s'" .) -}}
+{{- else if not (regexMatch "[*?]" $prefix) -}}
+{{- $tests = append $tests (printf "r.startsWith('%s')" $prefix) -}}
+{{- else -}}
+{{- $re := . | replace "." "[.]" | replace "*" ".*" | replace "?" "." -}}
+{{- $tests = append $tests (printf "r.matches('^%s$')" $re) -}}
 {{- end -}}
 {{- end -}}
 {{- if $exact -}}
@@ -125,12 +188,57 @@ ending in "*" become startsWith tests.
 {{- end -}}
 
 {{/*
-CEL: does the pod spec at expression `.spec` ask for a GPU in some container or initContainer,
-in limits or requests? Every step is guarded with has(): an evaluation error would apply
-failurePolicy Fail to an object that is none of our business.
+CEL: does the pod spec at expression `.spec` (known to be a map) ask for a GPU in some container
+or initContainer, in limits or requests? Every step is guarded with `in` and type(): an
+evaluation error would apply failurePolicy Fail to an object that is none of our business, and a
+custom resource's fields can hold anything.
 */}}
 {{- define "ix-gpu.cel.podSpecWantsGpu" -}}
 {{- $r := include "ix-gpu.cel.isGpuResource" .root -}}
-{{- $c := printf "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, %s)) || (has(c.resources.requests) && c.resources.requests.exists(r, %s)))" $r $r -}}
-{{- printf "(has(%s.containers) && %s.containers.exists(c, %s)) || (has(%s.initContainers) && %s.initContainers.exists(c, %s))" .spec .spec $c .spec .spec $c -}}
+{{- $q := "'%s' in c.resources && type(c.resources.%s) == map && c.resources.%s.exists(r, %s)" -}}
+{{- $c := printf "type(c) == map && 'resources' in c && type(c.resources) == map && ((%s) || (%s))" (printf $q "limits" "limits" "limits" $r) (printf $q "requests" "requests" "requests" $r) -}}
+{{- $list := "('%s' in %s && type(%s.%s) == list && %s.%s.exists(c, %s))" -}}
+{{- printf "%s || %s" (printf $list "containers" .spec .spec "containers" .spec "containers" $c) (printf $list "initContainers" .spec .spec "initContainers" .spec "initContainers" $c) -}}
+{{- end -}}
+
+{{/*
+CEL: does the node at expression `.expr`, followed along the template path `.segments`, lead to a
+pod template that asks for a GPU? The segments are those of a workload's templatePaths, read as
+the core reads them: "name" a map key, "*" every key of a map, "name[*]" every item of a list.
+*/}}
+{{- define "ix-gpu.cel.atPath" -}}
+{{- $e := .expr -}}
+{{- if not .segments -}}
+{{- printf "type(%s) == map && 'spec' in %s && type(%s.spec) == map && (%s)" $e $e $e (include "ix-gpu.cel.podSpecWantsGpu" (dict "root" .root "spec" (printf "%s.spec" $e))) -}}
+{{- else -}}
+{{- $seg := first .segments -}}
+{{- $next := dict "root" .root "segments" (rest .segments) "depth" (add1 .depth) -}}
+{{- if eq $seg "*" -}}
+{{- $k := printf "k%d" (int .depth) -}}
+{{- $_ := set $next "expr" (printf "%s[%s]" $e $k) -}}
+{{- printf "type(%s) == map && %s.exists(%s, %s)" $e $e $k (include "ix-gpu.cel.atPath" $next) -}}
+{{- else if hasSuffix "[*]" $seg -}}
+{{- $key := trimSuffix "[*]" $seg -}}
+{{- $items := printf "%s['%s']" $e $key -}}
+{{- $i := printf "i%d" (int .depth) -}}
+{{- $_ := set $next "expr" $i -}}
+{{- printf "type(%s) == map && '%s' in %s && type(%s) == list && %s.exists(%s, %s)" $e $key $e $items $items $i (include "ix-gpu.cel.atPath" $next) -}}
+{{- else -}}
+{{- $_ := set $next "expr" (printf "%s['%s']" $e $seg) -}}
+{{- printf "type(%s) == map && '%s' in %s && %s" $e $seg $e (include "ix-gpu.cel.atPath" $next) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* CEL: does the object ask for a GPU in a pod template at one of the workload's templatePaths? */}}
+{{- define "ix-gpu.cel.workloadWantsGpu" -}}
+{{- $tests := list -}}
+{{- range .workload.templatePaths -}}
+{{- $segments := list -}}
+{{- if ne . "." -}}
+{{- $segments = splitList "." . -}}
+{{- end -}}
+{{- $tests = append $tests (printf "(%s)" (include "ix-gpu.cel.atPath" (dict "root" $.root "expr" "object" "segments" $segments "depth" 0))) -}}
+{{- end -}}
+{{- join " || " $tests -}}
 {{- end -}}

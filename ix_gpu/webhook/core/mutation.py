@@ -86,7 +86,8 @@ MAX_GPU_TYPE_CHARS = 1024
 
 
 def _gpu_types(*annotation_maps: dict[str, Any]) -> list[str]:
-    """The models the nearest ``ix-gpu.io/gpu-type`` annotation names, as node-label values."""
+    """The models the nearest ``ix-gpu.io/gpu-type`` annotation names, as the plugin spells them
+    in the ``ix-gpu.io/gpu.product`` node label (:func:`labels.gpu_product_value` on both sides)."""
     for annotation_map in annotation_maps:
         raw = annotation_map.get(labels.GPU_TYPE)
         if not isinstance(raw, str) or not raw.strip():
@@ -101,7 +102,7 @@ def _gpu_types(*annotation_maps: dict[str, Any]) -> list[str]:
             raise GpuRequestError(
                 f"annotation {labels.GPU_TYPE} lists {len(parts)} GPU models; at most {MAX_GPU_TYPES}"
             )
-        values = [labels.label_value(part) for part in parts]
+        values = [labels.gpu_product_value(part) for part in parts]
         return [v for v in dict.fromkeys(values) if v]
     return []
 
@@ -154,7 +155,9 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
             # on the template as it is without it (see injection_record).
             template, removal = strip_stale(found, config.digest, same)
             stale_ops += removal
-            containers = gpu_containers(template.body["spec"], config, template.where)
+            containers = gpu_containers(
+                template.body["spec"], config, template.where, MAX_GPU_CONTAINERS - gpu_container_count
+            )
             if containers:
                 gpu_container_count += len(containers)
                 if gpu_container_count > MAX_GPU_CONTAINERS:

@@ -11,8 +11,10 @@ path: a dry run is answered exactly like the real request would be.
 from __future__ import annotations
 
 import logging
+import pickle
 import time
-from collections.abc import Awaitable, Callable
+import traceback
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -31,27 +33,42 @@ from ix_gpu.webhook.service.admission_review import (
     review_response,
 )
 from ix_gpu.webhook.service.hot_reload import LiveConfig
-from ix_gpu.webhook.service.limits import HeavyLane, Limits, OverBudget
+from ix_gpu.webhook.service.limits import HeavyLane, Limits, OverBudget, WorkerDied
 from ix_gpu.webhook.service.metrics import OTHER, UNKNOWN, ServiceMetrics
 from ix_gpu.webhook.service.namespace_cache import NamespaceLookupFailed, NamespaceSource
 
 log = logging.getLogger("ix_gpu.admission")
 
 
-Core = Callable[[Any, str, NamespaceFacts, CompiledConfig], Awaitable[MutationResult]]
+@dataclass(frozen=True, slots=True)
+class LookupFailed:
+    """The namespace could not be read (handed to the core's second pass as what is known)."""
+
+    reason: str
 
 
-Parse = Callable[[bytes], Awaitable[ReviewRequest]]
+Known = NamespaceFacts | LookupFailed | None
+"""What the caller already knows of the review's namespace (None: only what is in memory)."""
 
 
-async def _parse_on_loop(body: bytes) -> ReviewRequest:
-    return parse_review(body)
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one review came to: plain data, because it may be computed in a forked child (see
+    :class:`.limits.HeavyLane`) and the parent does the side effects (metrics, the log line)."""
 
-
-async def _mutate_on_loop(
-    obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig
-) -> MutationResult:
-    return mutate(obj, operation, namespace, config)
+    status: int
+    body: bytes
+    fields: dict[str, Any] | None = None
+    """The log line's fields of a review; None when the request never became one (a 400)."""
+    metric_kind: str = UNKNOWN
+    decision: str = "error"
+    pod_security_unchecked: bool = False
+    namespace_hit: bool = False
+    """The namespace's facts came from memory (counted as a lookup hit)."""
+    internal_error: str | None = None
+    """A bug's traceback, for the parent to log."""
+    lookup: str | None = None
+    """Not answered yet: the namespace to fetch first, then answer again with its facts."""
 
 
 class AdmissionHandler:
@@ -71,55 +88,160 @@ class AdmissionHandler:
     async def handle(self, body: bytes, started: float) -> tuple[int, bytes]:
         """Answer one request body: (200, AdmissionReview), (400, one-line JSON error), or (503,
         one-line JSON error) for a large review that could not be served within its budget."""
+        config = self._config.current
         if len(body) <= self._limits.offload_bytes:
-            return await self._handle(body, started, _parse_on_loop, _mutate_on_loop)
-        # Large: parse and mutate in the heavy lane, so the loop stays free (see .limits). The
-        # budget counts from the request's start (the body's arrival included).
+            answer = await self._answer_small(body, config)
+        else:
+            try:
+                answer = await self._answer_large(body, config)
+            except OverBudget:
+                self._metrics.over_budget.inc()
+                return self.reject(
+                    503,
+                    f"a {len(body)}-byte review could not be served within its "
+                    f"{self._limits.request_budget:g} s budget; retry shortly",
+                    started,
+                )
+        return self._finish(answer, started)
+
+    async def _answer_small(self, body: bytes, config: CompiledConfig) -> Answer:
+        try:
+            review = parse_review(body)
+        except ReviewError as exc:
+            return Answer(400, error_body(str(exc)), fields={"error": str(exc)})
+        answer = self._answer_review(review, config, None)
+        if answer.lookup is not None:
+            answer = self._answer_review(review, config, await self._lookup(answer.lookup))
+        return answer
+
+    async def _answer_large(self, body: bytes, config: CompiledConfig) -> Answer:
+        """Parse and mutate in the heavy lane, so the loop stays free (see .limits). The budget
+        counts from the moment the body is complete: it bounds the wait for the lane and the work,
+        while a slow upload is the request timeout's business (a flood of uploads would otherwise
+        spend every admitted review's budget on arrival, and none would be served)."""
         if self._heavy is None:
             self._heavy = HeavyLane(self._limits.request_budget)
-        elapsed = time.perf_counter() - started
-        deadline = time.monotonic() + self._limits.request_budget - elapsed
+        deadline = time.monotonic() + self._limits.request_budget
+        known: Known = None
+        while True:
+            try:
+                encoded = await self._heavy.run(deadline, partial(self._answer_body, body, config, known))
+            except WorkerDied as exc:
+                return self._internal_error(str(exc))
+            answer: Answer = pickle.loads(encoded)
+            if answer.lookup is None or known is not None:
+                return answer
+            known = await self._lookup(answer.lookup)
+
+    def _answer_body(self, body: bytes, config: CompiledConfig, known: Known) -> bytes:
+        """:meth:`_answer_review` of a raw body, pickled: the heavy lane's work, in the child."""
         try:
-            async with self._heavy.hold(deadline) as lane:
-
-                async def parse(raw: bytes) -> ReviewRequest:
-                    return await lane.run(deadline, partial(parse_review, raw))
-
-                async def core(
-                    obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig
-                ) -> MutationResult:
-                    return await lane.run(deadline, partial(mutate, obj, operation, namespace, config))
-
-                return await self._handle(body, started, parse, core)
-        except OverBudget:
-            self._metrics.over_budget.inc()
-            return self.reject(
-                503,
-                f"a {len(body)}-byte review could not be served within its "
-                f"{self._limits.request_budget:g} s budget; retry shortly",
-                started,
-            )
-
-    async def _handle(self, body: bytes, started: float, parse: Parse, core: Core) -> tuple[int, bytes]:
-        try:
-            review = await parse(body)
+            review = parse_review(body)
         except ReviewError as exc:
-            return self.reject(400, str(exc), started)
-        config = self._config.current
+            answer = Answer(400, error_body(str(exc)), fields={"error": str(exc)})
+        else:
+            answer = self._answer_review(review, config, known)
+        return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def _answer_review(self, review: ReviewRequest, config: CompiledConfig, known: Known) -> Answer:
+        """The review's answer; no I/O and no side effects, so it can run in a forked child."""
+        hit = False
         try:
-            result = await self._decide(review, config, core)
-        except OverBudget:
-            raise
+            decided = self._decide(review, config, known)
+            if isinstance(decided, str):
+                return Answer(0, b"", lookup=decided)
+            result, hit = decided
         except Exception as exc:
-            log.exception("admission failed", extra={"fields": {"uid": review.uid}})
-            self._metrics.internal_errors.inc()
             result = internal_error_result(one_line(exc, 200))
+            internal_error: str | None = traceback.format_exc()
             status_code = 500
         else:
+            internal_error = None
             status_code = 403
-        answer = review_response(review.uid, result, status_code=status_code)
-        self._record(review, config, result, started)
-        return 200, answer
+        obj = review.obj
+        kind = review.kind if obj is not None and self._is_workload(obj, config) else OTHER
+        return Answer(
+            200,
+            review_response(review.uid, result, status_code=status_code),
+            fields={
+                "uid": review.uid,
+                "kind": review.kind,
+                "namespace": review.namespace,
+                "name": review.name,
+                "operation": review.operation,
+                "dryRun": review.dry_run,
+                "result": result.decision.value,
+                "ops": len(result.ops),
+                "reason": result.reason,
+            },
+            metric_kind=kind,
+            decision=result.decision.value,
+            pod_security_unchecked=result.pod_security_unchecked,
+            namespace_hit=hit,
+            internal_error=internal_error,
+        )
+
+    def _decide(
+        self, review: ReviewRequest, config: CompiledConfig, known: Known
+    ) -> tuple[MutationResult, bool] | str:
+        """(result, whether the namespace's facts came from memory), or the namespace to fetch."""
+        obj, operation, namespace = review.obj, review.operation, review.namespace
+        if operation != "CREATE" or obj is None or not self._is_workload(obj, config):
+            # Not ours to mutate: the core says why without needing the namespace.
+            return mutate(obj, operation, NamespaceFacts.unknown(namespace), config), False
+        if not namespace or config.namespace_excluded(namespace):
+            return mutate(obj, operation, NamespaceFacts(namespace), config), False
+        if isinstance(known, LookupFailed):
+            return self._lookup_failed(config, known.reason), False
+        if known is not None:
+            return mutate(obj, operation, known, config), False
+        facts = self._namespaces.cached_facts(namespace)
+        if facts is not None:
+            return mutate(obj, operation, facts, config), True
+        # Not in memory. Known facts can only add reasons to skip or to hold back host access, so
+        # a skip computed without them stands, and most objects (no GPU) never cost a lookup.
+        provisional = mutate(obj, operation, NamespaceFacts.unknown(namespace), config)
+        if provisional.decision is Decision.SKIPPED:
+            return provisional, False
+        return namespace
+
+    async def _lookup(self, namespace: str) -> NamespaceFacts | LookupFailed:
+        try:
+            return await self._namespaces.facts(namespace)
+        except NamespaceLookupFailed as exc:
+            return LookupFailed(str(exc))
+
+    def _internal_error(self, message: str) -> Answer:
+        """A review whose worker died: denied as an internal error, as a bug would be."""
+        result = internal_error_result(one_line(message, 200))
+        return Answer(
+            200,
+            review_response("", result, status_code=500),
+            fields={"result": result.decision.value, "reason": result.reason},
+            decision=result.decision.value,
+            internal_error=message,
+        )
+
+    def _finish(self, answer: Answer, started: float) -> tuple[int, bytes]:
+        """The side effects of an answer, in this process: metrics and one log line."""
+        if answer.fields is None or answer.status != 200:
+            return self.reject(answer.status, (answer.fields or {}).get("error", ""), started)
+        if answer.internal_error is not None:
+            log.error(
+                "admission failed",
+                extra={"fields": {"uid": answer.fields.get("uid"), "traceback": answer.internal_error}},
+            )
+            self._metrics.internal_errors.inc()
+        if answer.namespace_hit:
+            self._namespaces.count_hit()
+        operation = answer.fields.get("operation", UNKNOWN)
+        self._metrics.count_request(answer.metric_kind, operation, answer.decision)
+        if answer.pod_security_unchecked:
+            self._metrics.unchecked_pod_security.inc()
+        elapsed = time.perf_counter() - started
+        self._metrics.duration.observe(elapsed)
+        info_line(log, "admission", {**answer.fields, "durationMs": round(elapsed * 1000, 3)})
+        return answer.status, answer.body
 
     def reject(self, status: int, message: str, started: float) -> tuple[int, bytes]:
         """Count and log a request that never became a review (bad envelope, size, type, timeout)."""
@@ -127,27 +249,6 @@ class AdmissionHandler:
         self._metrics.duration.observe(time.perf_counter() - started)
         info_line(log, "admission rejected", {"status": status, "error": message})
         return status, error_body(message)
-
-    async def _decide(self, review: ReviewRequest, config: CompiledConfig, core: Core) -> MutationResult:
-        obj = review.obj
-        if review.operation != "CREATE" or obj is None or not self._is_workload(obj, config):
-            # Not ours to mutate: the core says why without needing the namespace.
-            return await core(obj, review.operation, NamespaceFacts.unknown(review.namespace), config)
-        if not review.namespace or config.namespace_excluded(review.namespace):
-            return await core(obj, review.operation, NamespaceFacts(review.namespace), config)
-        facts = self._namespaces.cached_facts(review.namespace)
-        if facts is not None:
-            return await core(obj, review.operation, facts, config)
-        # Not in memory. Known facts can only add reasons to skip or to hold back host access, so
-        # a skip computed without them stands, and most objects (no GPU) never cost a lookup.
-        provisional = await core(obj, review.operation, NamespaceFacts.unknown(review.namespace), config)
-        if provisional.decision is Decision.SKIPPED:
-            return provisional
-        try:
-            facts = await self._namespaces.facts(review.namespace)
-        except NamespaceLookupFailed as exc:
-            return self._lookup_failed(config, str(exc))
-        return await core(obj, review.operation, facts, config)
 
     @staticmethod
     def _is_workload(obj: dict[str, Any], config: CompiledConfig) -> bool:
@@ -166,31 +267,4 @@ class AdmissionHandler:
             Decision.SKIPPED,
             warnings=[f"ix-gpu did not inject GPU settings: {reason} (policy.namespaceLookupFailure)"],
             reason=f"{reason}; allowed unmodified by policy.namespaceLookupFailure",
-        )
-
-    def _record(
-        self, review: ReviewRequest, config: CompiledConfig, result: MutationResult, started: float
-    ) -> None:
-        obj = review.obj
-        kind = review.kind if obj is not None and self._is_workload(obj, config) else OTHER
-        self._metrics.count_request(kind, review.operation, result.decision.value)
-        if result.pod_security_unchecked:
-            self._metrics.unchecked_pod_security.inc()
-        elapsed = time.perf_counter() - started
-        self._metrics.duration.observe(elapsed)
-        info_line(
-            log,
-            "admission",
-            {
-                "uid": review.uid,
-                "kind": review.kind,
-                "namespace": review.namespace,
-                "name": review.name,
-                "operation": review.operation,
-                "dryRun": review.dry_run,
-                "result": result.decision.value,
-                "ops": len(result.ops),
-                "reason": result.reason,
-                "durationMs": round(elapsed * 1000, 3),
-            },
         )

@@ -48,7 +48,11 @@ class NamespaceSource(Protocol):
     mode: str
 
     def cached_facts(self, name: str) -> NamespaceFacts | None:
-        """Facts without waiting (None: not in memory, ask :meth:`facts`)."""
+        """Facts without waiting (None: not in memory, ask :meth:`facts`). Touches no lock and
+        counts nothing, so a forked child may call it (see :class:`.limits.HeavyLane`)."""
+
+    def count_hit(self) -> None:
+        """Count one answer served from :meth:`cached_facts` (the caller counts, in the parent)."""
 
     async def facts(self, name: str) -> NamespaceFacts:
         """Facts, fetched when not in memory; raises :class:`NamespaceLookupFailed`."""
@@ -69,6 +73,9 @@ class UnknownNamespaces:
 
     def cached_facts(self, name: str) -> NamespaceFacts | None:
         return NamespaceFacts.unknown(name)
+
+    def count_hit(self) -> None:
+        pass
 
     async def facts(self, name: str) -> NamespaceFacts:
         return NamespaceFacts.unknown(name)
@@ -296,14 +303,15 @@ class NamespaceCache:
         return self._facts.get(name)
 
     def cached_facts(self, name: str) -> NamespaceFacts | None:
+        return self._facts.get(name)
+
+    def count_hit(self) -> None:
+        self._count("hit")
+
+    async def facts(self, name: str) -> NamespaceFacts:
         found = self._facts.get(name)
         if found is not None:
             self._count("hit")
-        return found
-
-    async def facts(self, name: str) -> NamespaceFacts:
-        found = self.cached_facts(name)
-        if found is not None:
             return found
         future = self._inflight.get(name)
         if future is None:

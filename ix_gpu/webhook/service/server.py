@@ -33,7 +33,7 @@ from ix_gpu.webhook.service.hot_reload import (
     LiveConfig,
     poll_forever,
 )
-from ix_gpu.webhook.service.limits import Limits, guarded_protocol
+from ix_gpu.webhook.service.limits import FREED_MEMORY, Limits, fix_malloc_mmap_threshold, guarded_protocol
 from ix_gpu.webhook.service.metrics import ServiceMetrics
 from ix_gpu.webhook.service.namespace_cache import (
     NamespaceCache,
@@ -196,6 +196,7 @@ def prepare(options: ServiceOptions) -> Service:
 async def serve(service: Service) -> None:
     import uvicorn
 
+    fix_malloc_mmap_threshold()
     refused = service.metrics.connections_refused
     config = uvicorn.Config(
         service.app,
@@ -211,6 +212,7 @@ async def serve(service: Service) -> None:
     server = uvicorn.Server(config)
     service.namespaces.start()
     reloads = asyncio.create_task(poll_forever(service.options.reload_interval, service.pollers))
+    trims = asyncio.create_task(FREED_MEMORY.run())
     log.info(
         "serving AdmissionReview v1",
         extra={
@@ -226,6 +228,7 @@ async def serve(service: Service) -> None:
         await server.serve(sockets=[service.sock])
     finally:
         reloads.cancel()
+        trims.cancel()
         service.namespaces.stop()
 
 

@@ -110,9 +110,9 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=_seconds,
         default=defaults.request_budget,
         metavar="SECONDS",
-        help=f"reviews over {defaults.offload_bytes >> 10} KiB are parsed and mutated off the event loop, "
-        "one at a time; one not answered within this budget gets 503 with Retry-After "
-        f"(default: {defaults.request_budget:g})",
+        help=f"reviews over {defaults.offload_bytes >> 10} KiB are parsed and mutated in a child process, "
+        "one at a time; one not answered within this budget (counted from its last body byte) "
+        f"gets 503 with Retry-After and its child is killed (default: {defaults.request_budget:g})",
     )
     from ix_gpu.webhook.service.self_certs import add_arguments as add_self_cert_arguments
 
