@@ -8,9 +8,18 @@ import os
 import signal
 import time
 
+import orjson
 import pytest
 
-from ix_gpu.webhook.service.limits import HeavyLane, OverBudget, WorkerDied
+from ix_gpu.devicemodel.webhook_config import default_config
+from ix_gpu.webhook.core.compiled_config import CompiledConfig
+from ix_gpu.webhook.service import admission_handler
+from ix_gpu.webhook.service.admission_handler import AdmissionHandler
+from ix_gpu.webhook.service.hot_reload import LiveConfig
+from ix_gpu.webhook.service.limits import HeavyLane, Limits, OverBudget, WorkerDied
+from ix_gpu.webhook.service.metrics import ServiceMetrics
+from ix_gpu.webhook.service.namespace_cache import UnknownNamespaces
+from tests.support.objects import pod, review
 
 
 def _run(coro: object) -> object:
@@ -113,3 +122,44 @@ def test_reviews_wait_for_the_one_slot_and_a_wait_past_the_budget_is_refused() -
     assert first == b"done"
     assert isinstance(second, OverBudget)  # 0.3 s waiting + 0.3 s of work > 0.45 s
     assert _children() == set()
+
+
+# ------------------------------------------------------------------------------ through the handler
+
+
+def _handler() -> tuple[AdmissionHandler, ServiceMetrics]:
+    metrics = ServiceMetrics()
+    live = LiveConfig(CompiledConfig(default_config()), None)
+    return AdmissionHandler(live, UnknownNamespaces(), metrics, Limits(offload_bytes=1024)), metrics
+
+
+def _large_review() -> bytes:
+    obj = pod(annotations={"note": "x" * 4096})  # over the 1 KiB offload threshold
+    return orjson.dumps(review(obj, uid="large"))
+
+
+def test_a_large_review_is_answered_by_the_child_like_a_small_one() -> None:
+    handler, metrics = _handler()
+    status, body = asyncio.run(handler.handle(_large_review(), time.perf_counter()))
+    response = orjson.loads(body)["response"]
+    assert status == 200 and response["uid"] == "large" and response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    assert metrics.requests.labels("Pod", "CREATE", "mutated")._value.get() == 1
+
+
+def test_a_child_that_dies_is_a_denial_naming_the_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OOM killer or a crash in C code takes the child, never the server: the review is denied
+    as an internal error (failurePolicy Fail would refuse it too) and counted."""
+    handler, metrics = _handler()
+
+    def die(body: bytes) -> object:  # runs in the child only: large reviews are parsed there
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(admission_handler, "parse_review", die)
+    status, body = asyncio.run(handler.handle(_large_review(), time.perf_counter()))
+    response = orjson.loads(body)["response"]
+    assert status == 200 and response["allowed"] is False
+    assert response["status"]["code"] == 500
+    assert f"killed by signal {int(signal.SIGKILL)}" in response["status"]["message"]
+    assert metrics.internal_errors._value.get() == 1
