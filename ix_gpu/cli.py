@@ -5,7 +5,8 @@ dispatcher. Registration must stay import-light: ``ix-gpu mutate`` should not pa
 gRPC, so handlers import their heavy dependencies when they run.
 
 Exit codes follow the Kubernetes tools' habit: 0 success, 1 the command ran and the answer is "no"
-(e.g. an object was denied), 2 a usage error with a one-line message.
+(e.g. an object was denied), 2 a usage error with a one-line message. Every long option can also be
+set from the environment (``--log-level`` from ``IX_GPU_LOG_LEVEL``; see ``runtime.usage``).
 """
 
 from __future__ import annotations
@@ -31,12 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
             "Iluvatar (iluvatar.com/gpu) and NVIDIA (nvidia.com/gpu) GPUs to the kubelet."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"ix-gpu {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     subparsers.required = True
     for module_name in _SUBCOMMAND_MODULES:
         module = importlib.import_module(module_name)
         module.register(subparsers)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ix-gpu")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1063,3 +1063,12 @@ def test_files_render_without_leftover_template_markers() -> None:
     for path, text in render_files().items():
         assert "{{" not in text and "<no value>" not in text, path
     assert base64.b64decode("Q0EgUEVN") == b"CA PEM"
+
+
+def test_service_links_are_off_so_no_ix_gpu_env_is_injected() -> None:
+    """Flags may come from IX_GPU_* env vars; a Service named ix-gpu or ix-gpu-metrics would
+    otherwise inject IX_GPU_PORT / IX_GPU_METRICS_PORT (tcp:// URLs) and the processes would
+    refuse them as ports."""
+    objects = render()
+    for kind, name in (("Deployment", WEBHOOK), ("DaemonSet", PLUGIN)):
+        assert find(objects, kind, name)["spec"]["template"]["spec"]["enableServiceLinks"] is False
