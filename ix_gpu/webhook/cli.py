@@ -1,4 +1,5 @@
-"""Webhook-side subcommands: ``mutate``, ``config``, ``certs`` (and the service, ``webhook``).
+"""Webhook-side subcommands: ``mutate``, ``config``, ``check-injection``, ``certs`` (and the service,
+``webhook``).
 
 Registration only declares arguments; each handler imports what it needs when it runs.
 """
@@ -93,6 +94,31 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     schema.set_defaults(handler=_run_config_schema)
 
+    check = subparsers.add_parser(
+        "check-injection",
+        help="dry-run a GPU pod through the apiserver and check that the webhook injected it",
+        description=(
+            "Ask the apiserver to create a one-GPU pod with dryRun=All (nothing is stored) and check "
+            "that it comes back with the ix-gpu.io/injected annotation: proof that the webhook is "
+            "registered, reachable and mutating. The chart's `helm test` runs it. Exit 0 when "
+            "injected, 1 when not (or when the apiserver refused), 2 on a usage error."
+        ),
+    )
+    check.add_argument(
+        "--namespace", default="default", metavar="NAME", help="where to dry-run (default: default)"
+    )
+    check.add_argument(
+        "--resource",
+        default="iluvatar.com/gpu",
+        metavar="NAME",
+        help="the GPU resource to ask for (default: iluvatar.com/gpu)",
+    )
+    check.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster)")
+    check.add_argument(
+        "--timeout", type=float, default=30.0, metavar="SECONDS", help="request timeout (default: 30)"
+    )
+    check.set_defaults(handler=_run_check_injection)
+
     certs = subparsers.add_parser("certs", help="TLS material for the webhook")
     certs_sub = certs.add_subparsers(dest="certs_command", metavar="SUBCOMMAND")
     certs_sub.required = True
@@ -110,6 +136,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     generate.add_argument("--ip", action="append", default=[], metavar="ADDR", help="IP SAN (repeatable)")
     generate.add_argument("--days", type=int, default=365, metavar="N", help="validity of the serving cert")
     generate.set_defaults(handler=_run_certs_generate)
+
+
+def _run_check_injection(args: argparse.Namespace) -> int:
+    from ix_gpu.webhook.injection_check import CheckOptions, run_check
+
+    return run_check(CheckOptions(args.namespace, args.resource, args.kubeconfig, args.timeout))
 
 
 def _run_mutate(args: argparse.Namespace) -> int:

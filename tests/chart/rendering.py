@@ -49,15 +49,25 @@ def render_files(
 
 
 def render(
-    values: dict[str, Any] | None = None, release: str = RELEASE, namespace: str = NAMESPACE
+    values: dict[str, Any] | None = None,
+    release: str = RELEASE,
+    namespace: str = NAMESPACE,
+    *,
+    hooks: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every object the chart renders (NOTES.txt excluded), in file order."""
+    """The objects ``helm install`` creates (NOTES.txt excluded), in file order; with ``hooks``,
+    also the hook objects (``helm test``'s pod and its RBAC), which an install does not create."""
     objects: list[dict[str, Any]] = []
     for path, text in render_files(values, release, namespace).items():
         if path.endswith("NOTES.txt"):
             continue
-        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc and (hooks or not is_hook(doc)))
     return objects
+
+
+def is_hook(obj: dict[str, Any]) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return "helm.sh/hook" in annotations
 
 
 def notes(values: dict[str, Any] | None = None) -> str:

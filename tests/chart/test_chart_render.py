@@ -1072,3 +1072,20 @@ def test_service_links_are_off_so_no_ix_gpu_env_is_injected() -> None:
     objects = render()
     for kind, name in (("Deployment", WEBHOOK), ("DaemonSet", PLUGIN)):
         assert find(objects, kind, name)["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def test_helm_test_hook_dry_runs_a_gpu_pod_with_only_the_right_to_create_pods() -> None:
+    objects = render({"tests": {"namespace": "gpu-team", "resource": "nvidia.com/gpu"}}, hooks=True)
+    assert "Pod" not in kinds(render())  # helm install creates none of them; helm test does
+    check = find(objects, "Pod", "ixg-ix-gpu-check")
+    assert check["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    container = check["spec"]["containers"][0]
+    assert container["args"] == ["check-injection", "--namespace=gpu-team", "--resource=nvidia.com/gpu"]
+    assert check["spec"]["serviceAccountName"] == "ixg-ix-gpu-check"
+    role = find(objects, "Role", "ixg-ix-gpu-check")
+    assert role["metadata"]["namespace"] == "gpu-team"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    binding = find(objects, "RoleBinding", "ixg-ix-gpu-check")
+    assert binding["metadata"]["namespace"] == "gpu-team"
+    assert binding["subjects"][0]["name"] == "ixg-ix-gpu-check"
+    assert "Pod" not in kinds(render({"tests": {"enabled": False}}, hooks=True))

@@ -33,6 +33,7 @@ from tests.k8s.webhook_fixtures import (
     write_config,
 )
 from tests.support import objects
+from tests.support.cli import ix_gpu
 from tests.support.objects import pod, review
 from tests.support.processes import start_process
 from tests.support.waiting import wait_until
@@ -461,6 +462,29 @@ def test_server_side_dry_run_returns_mutation_and_stores_nothing(
     assert api(kube_api, "GET", f"{pods_path(ns)}/dry").status == 404
     assert must(api(kube_api, "GET", pods_path(ns)))["items"] == []
     assert main.admissions(kind="Pod", result="mutated") == before + 1
+
+
+def test_check_injection_command_against_the_real_apiserver(
+    kube_api: KubeAPI, suite: Suite, main: WebhookProcess
+) -> None:
+    """``ix-gpu check-injection`` (what the chart's ``helm test`` runs): exit 0 and the annotation
+    where the webhook injects, exit 1 and a reason where it does not; nothing is stored."""
+    ns = suite.namespace()
+    before = main.admissions(kind="Pod", result="mutated")
+    result = ix_gpu("check-injection", f"--kubeconfig={kube_api.kubeconfig}", f"--namespace={ns}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(f"injected: {INJECTED}=iluvatar@"), result.stdout
+    assert main.admissions(kind="Pod", result="mutated") == before + 1
+    assert must(api(kube_api, "GET", pods_path(ns)))["items"] == []
+
+    opted_out = suite.namespace(labels={INJECT: "disabled"})
+    result = ix_gpu("check-injection", f"--kubeconfig={kube_api.kubeconfig}", f"--namespace={opted_out}")
+    assert result.returncode == 1
+    assert "did not mutate it" in result.stdout, result.stdout
+
+    result = ix_gpu("check-injection", f"--kubeconfig={kube_api.kubeconfig}", "--namespace=no-such-ns")
+    assert result.returncode == 1
+    assert "HTTP 404" in result.stdout, result.stdout
 
 
 # --------------------------------------------------------------------------- reinvocation
