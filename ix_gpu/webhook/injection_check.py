@@ -36,7 +36,9 @@ def check_pod(resource: str) -> dict[str, Any]:
         },
         "spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "gpu", "image": "ix-gpu-check", "resources": {"limits": {resource: "1"}}}],
+            "containers": [
+                {"name": "gpu", "image": "ix-gpu-check", "resources": {"limits": {resource: "1"}}}
+            ],
         },
     }
 

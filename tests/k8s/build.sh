@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
 # Build the real-Kubernetes test tier's Go binaries from the Go module proxy:
-#   kube-apiserver   k8s.io/kubernetes/cmd/kube-apiserver at $IX_K8S_VERSION
-#   kubelet-harness  tests/k8s/kubelet-harness (the kubelet's real device manager behind a JSON-lines CLI)
-#   kubelet          k8s.io/kubernetes/cmd/kubelet at $IX_K8S_VERSION
-#   fake-cri         tests/k8s/fake-cri (k8s.io/cri-client/pkg/fake on a unix socket, for the kubelet)
+#   kube-apiserver           k8s.io/kubernetes/cmd/kube-apiserver at $IX_K8S_VERSION
+#   kube-controller-manager  k8s.io/kubernetes/cmd/kube-controller-manager at $IX_K8S_VERSION
+#   kube-scheduler           k8s.io/kubernetes/cmd/kube-scheduler at $IX_K8S_VERSION
+#   kubelet                  k8s.io/kubernetes/cmd/kubelet at $IX_K8S_VERSION
+#   kubelet-harness          tests/k8s/kubelet-harness (the kubelet's real device manager behind a JSON-lines CLI)
+#   fake-cri                 tests/k8s/fake-cri (a CRI runtime that runs containers as host processes)
 #
-# Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/k8s-<version>-<harnesshash>/bin/. When all binaries are
-# already there, nothing is built. The cache key covers this script and the harness sources, so editing
-# either gives a fresh directory (Go's own build cache keeps such rebuilds short).
+#   bash tests/k8s/build.sh [SET or BINARY ...]
+#
+# Sets: "tier" (kube-apiserver kubelet-harness kubelet fake-cri, what the webhook, device-manager and
+# kubelet suites use), "cluster" (kube-apiserver kube-controller-manager kube-scheduler kubelet
+# fake-cri, the mini cluster), "all". Binary names may be given too. Without arguments: "tier" on
+# v1.35.x (the default version), "cluster" on any other version (the kubelet-harness compiles only
+# against the v1.35 device-manager API). The mini cluster uses the newest Kubernetes the proxy serves:
+#   IX_K8S_VERSION=v1.37.2 bash tests/k8s/build.sh        # = ... build.sh cluster
+#
+# Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/k8s-<version>-<harnesshash>/bin/. Binaries already there are
+# not built again; a later call that asks for more binaries adds them to the same directory. The cache
+# key covers this script and the harness and fake-cri sources, so editing either gives a fresh
+# directory (Go's own build cache keeps such rebuilds short). The three newest directories of each
+# Kubernetes version are kept.
 #
 # Progress goes to stderr; the last line on stdout is the bin directory.
 #
@@ -43,16 +56,45 @@ HARNESS_HASH="$(
 )"
 OUT="$CACHE_ROOT/k8s-$K8S_VERSION-$HARNESS_HASH"
 BIN="$OUT/bin"
-BINARIES=(kube-apiserver kubelet-harness kubelet fake-cri)
 
-complete() {
-    local b
-    [[ -f "$OUT/.complete" ]] || return 1
-    for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
+# What to build: sets and binary names, in the order given (duplicates dropped).
+ALL_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubelet-harness fake-cri)
+BINARIES=()
+add() { local b; for b in "${BINARIES[@]}"; do [[ "$b" == "$1" ]] && return 0; done; BINARIES+=("$1"); }
+if (($# == 0)); then
+    # The kubelet-harness is written against the v1.35 device-manager API (v1.37 changed it), so a
+    # plain call builds the tier set on v1.35.x and the cluster set on any other version.
+    if ((K8S_MINOR == 35)); then set -- tier; else set -- cluster; fi
+fi
+for arg in "$@"; do
+    case "$arg" in
+    tier) for b in kube-apiserver kubelet-harness kubelet fake-cri; do add "$b"; done ;;
+    cluster) for b in kube-apiserver kube-controller-manager kube-scheduler kubelet fake-cri; do add "$b"; done ;;
+    all) for b in "${ALL_BINARIES[@]}"; do add "$b"; done ;;
+    *)
+        [[ " ${ALL_BINARIES[*]} " == *" $arg "* ]] ||
+            die "unknown set or binary '$arg' (sets: tier cluster all; binaries: ${ALL_BINARIES[*]})"
+        add "$arg"
+        ;;
+    esac
+done
+
+package() { # the Go package of a binary
+    case "$1" in
+    kubelet-harness | fake-cri) echo "./$1" ;;
+    *) echo "k8s.io/kubernetes/cmd/$1" ;;
+    esac
 }
+
+missing() { # the requested binaries not built yet
+    local b
+    for b in "${BINARIES[@]}"; do [[ -x "$BIN/$b" ]] || echo "$b"; done
+}
+complete() { [[ -f "$OUT/src/.ready" && -z "$(missing)" ]]; }
 
 mkdir -p "$CACHE_ROOT"
 if complete; then
+    touch "$OUT" # most recently used: kept by the pruning below
     log "cached: $BIN"
     echo "$BIN"
     exit 0
@@ -74,47 +116,60 @@ log "Kubernetes $K8S_VERSION (staging modules $STAGING_VERSION), harness hash $H
 log "output: $OUT"
 
 START=$SECONDS
-rm -rf "$OUT"
-mkdir -p "$OUT/src" "$BIN"
-cp -r "$HARNESS_SRC" "$OUT/src/kubelet-harness"
-rm -f "$OUT/src/kubelet-harness/go.mod" "$OUT/src/kubelet-harness/go.sum"
-cp -r "$FAKE_CRI_SRC" "$OUT/src/fake-cri"
-rm -f "$OUT/src/fake-cri/go.mod" "$OUT/src/fake-cri/go.sum"
+mapfile -t TODO < <(missing)
+log "to build: ${TODO[*]}"
+
+# The throwaway module (once per cache directory).
+prepare_module() {
+    rm -rf "$OUT"
+    mkdir -p "$OUT/src" "$BIN"
+    cp -r "$HARNESS_SRC" "$OUT/src/kubelet-harness"
+    rm -f "$OUT/src/kubelet-harness/go.mod" "$OUT/src/kubelet-harness/go.sum"
+    cp -r "$FAKE_CRI_SRC" "$OUT/src/fake-cri"
+    rm -f "$OUT/src/fake-cri/go.mod" "$OUT/src/fake-cri/go.sum"
+    cd "$OUT/src"
+
+    log "reading the upstream go.mod of k8s.io/kubernetes@$K8S_VERSION from the module proxy"
+    DL_JSON="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION")" ||
+        die "go mod download k8s.io/kubernetes@$K8S_VERSION failed: $DL_JSON"
+    UPSTREAM_GOMOD="$(printf '%s\n' "$DL_JSON" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+    [[ -f "$UPSTREAM_GOMOD" ]] || die "no GoMod path in: $DL_JSON"
+
+    # Every "k8s.io/<m> => ./staging/..." replacement (in a replace block or on a single replace line).
+    mapfile -t STAGING < <(awk '
+        { sub(/^replace[[:space:]]+/, ""); sub(/^[[:space:]]+/, "") }
+        $2 == "=>" && $3 ~ /^\.\/staging\// && $1 ~ /^k8s\.io\// { print $1 }
+    ' "$UPSTREAM_GOMOD" | LC_ALL=C sort -u)
+    ((${#STAGING[@]} > 0)) || die "found no ./staging replacements in $UPSTREAM_GOMOD"
+    log "${#STAGING[@]} staging modules: ${STAGING[*]}"
+
+    "$GO" mod init ix-gpu.test/k8s-tier >/dev/null 2>&1 || die "go mod init failed"
+    # Keep the upstream language version and GODEBUG defaults, so the binaries behave as released ones.
+    UP_GO="$(awk '$1 == "go" { print $2; exit }' "$UPSTREAM_GOMOD")"
+    [[ -n "$UP_GO" ]] && "$GO" mod edit -go="$UP_GO"
+    while read -r gd; do
+        [[ -n "$gd" ]] && "$GO" mod edit -godebug="$gd"
+    done < <(awk '$1 == "godebug" && $2 != "(" { print $2 }' "$UPSTREAM_GOMOD")
+    EDITS=()
+    for m in "${STAGING[@]}"; do EDITS+=("-replace=$m=$m@$STAGING_VERSION"); done
+    "$GO" mod edit "${EDITS[@]}"
+    printf '%s\n' "$K8S_VERSION" >"$OUT/VERSION"
+    touch "$OUT/src/.ready"
+}
+[[ -f "$OUT/src/.ready" ]] || prepare_module
 cd "$OUT/src"
 
-log "reading the upstream go.mod of k8s.io/kubernetes@$K8S_VERSION from the module proxy"
-DL_JSON="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION")" ||
-    die "go mod download k8s.io/kubernetes@$K8S_VERSION failed: $DL_JSON"
-UPSTREAM_GOMOD="$(printf '%s\n' "$DL_JSON" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
-[[ -f "$UPSTREAM_GOMOD" ]] || die "no GoMod path in: $DL_JSON"
-
-# Every "k8s.io/<m> => ./staging/..." replacement (in a replace block or on a single replace line).
-mapfile -t STAGING < <(awk '
-    { sub(/^replace[[:space:]]+/, ""); sub(/^[[:space:]]+/, "") }
-    $2 == "=>" && $3 ~ /^\.\/staging\// && $1 ~ /^k8s\.io\// { print $1 }
-' "$UPSTREAM_GOMOD" | LC_ALL=C sort -u)
-((${#STAGING[@]} > 0)) || die "found no ./staging replacements in $UPSTREAM_GOMOD"
-log "${#STAGING[@]} staging modules: ${STAGING[*]}"
-
-"$GO" mod init ix-gpu.test/k8s-tier >/dev/null 2>&1 || die "go mod init failed"
-# Keep the upstream language version and GODEBUG defaults, so the binaries behave as released ones.
-UP_GO="$(awk '$1 == "go" { print $2; exit }' "$UPSTREAM_GOMOD")"
-[[ -n "$UP_GO" ]] && "$GO" mod edit -go="$UP_GO"
-while read -r gd; do
-    [[ -n "$gd" ]] && "$GO" mod edit -godebug="$gd"
-done < <(awk '$1 == "godebug" && $2 != "(" { print $2 }' "$UPSTREAM_GOMOD")
-EDITS=()
-for m in "${STAGING[@]}"; do EDITS+=("-replace=$m=$m@$STAGING_VERSION"); done
-"$GO" mod edit "${EDITS[@]}"
-
-log "go get k8s.io/kubernetes@$K8S_VERSION (downloads modules on a cold cache)"
+GET=("k8s.io/kubernetes@$K8S_VERSION")
+for b in "${TODO[@]}"; do
+    case "$b" in
+    kubelet-harness) GET+=("k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@$K8S_VERSION") ;;
+    fake-cri) GET+=("k8s.io/cri-api/pkg/apis/runtime/v1@$STAGING_VERSION") ;;
+    *) GET+=("$(package "$b")@$K8S_VERSION") ;;
+    esac
+done
+log "go get ${GET[*]} (downloads modules on a cold cache)"
 T=$SECONDS
-$NICE "$GO" get "k8s.io/kubernetes@$K8S_VERSION" \
-    "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
-    "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@$K8S_VERSION" \
-    "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
-    "k8s.io/cri-client/pkg/fake@$STAGING_VERSION" >&2 ||
-    die "go get failed (see the Go error above)"
+$NICE "$GO" get "${GET[@]}" >&2 || die "go get failed (see the Go error above)"
 log "go get done in $((SECONDS - T))s"
 
 VERSION_FLAGS=""
@@ -129,20 +184,18 @@ build() { # build <output name> <package>
     log "go build $2 -> $BIN/$1"
     $NICE "$GO" build -mod=mod -trimpath -ldflags "$LDFLAGS" -o "$BIN/$1.tmp" "$2" >&2 ||
         die "go build $2 failed (see the Go error above)"
+    case "$1" in
+    kubelet-harness | fake-cri) ;;
+    *) "$BIN/$1.tmp" --version >&2 || die "the built $1 does not run" ;;
+    esac
     mv "$BIN/$1.tmp" "$BIN/$1"
     log "built $1 in $((SECONDS - t))s"
 }
-build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
-build kubelet-harness ./kubelet-harness
-build kubelet k8s.io/kubernetes/cmd/kubelet
-build fake-cri ./fake-cri
+for b in "${TODO[@]}"; do build "$b" "$(package "$b")"; done
 
-"$BIN/kube-apiserver" --version >&2 || die "the built kube-apiserver does not run"
-"$BIN/kubelet" --version >&2 || die "the built kubelet does not run"
-printf '%s\n' "$K8S_VERSION" >"$OUT/VERSION"
-touch "$OUT/.complete"
-# Keep the three newest builds (other checkouts may use older harness versions); drop the rest.
-ls -1dt "$CACHE_ROOT"/k8s-v*/ 2>/dev/null | tail -n +4 | while read -r old; do
+touch "$OUT"
+# Keep the three newest builds of this version (other checkouts may use older harness versions).
+ls -1dt "$CACHE_ROOT/k8s-$K8S_VERSION-"*/ 2>/dev/null | tail -n +4 | while read -r old; do
     log "removing old build $old"
     rm -rf "$old"
 done

