@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Regenerate the Python stubs for ix_gpu/plugin/api/deviceplugin_v1beta1.proto with grpcio-tools.
+# Regenerate the Python stubs for ix_gpu/plugin/api/deviceplugin_v1beta1.proto.
 #
 #   scripts/gen_proto.sh            # write into ix_gpu/plugin/api/
 #   scripts/gen_proto.sh OUTDIR     # write into OUTDIR/ix_gpu/plugin/api/ (the staleness test does this)
 #
-# Reproducible: same grpcio-tools version, same bytes. The output is committed so that running the
-# plugin needs no protoc; tests/plugin/test_plugin_proto.py fails when it is stale.
+# Four files, from protoc as grpcio-tools ships it:
+#   deviceplugin_v1beta1_pb2.py/.pyi  the messages (protobuf), used by everything;
+#   deviceplugin_v1beta1_grpc.py      grpclib service bases and stubs: what the plugin process serves
+#                                     and calls with (pure asyncio over h2, no grpcio in the process);
+#   deviceplugin_v1beta1_pb2_grpc.py  grpcio stubs: for the tests' fake kubelet and the benchmark,
+#                                     a second gRPC implementation talking to the plugin.
+# Reproducible: the same grpcio-tools and grpclib versions (constraints.txt) give the same bytes. The
+# output is committed so that running the plugin needs no protoc; tests/plugin/test_plugin_proto.py
+# fails when it is stale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-.venv/bin/python}"
@@ -13,14 +20,23 @@ python="${PYTHON:-.venv/bin/python}"
 proto=ix_gpu/plugin/api/deviceplugin_v1beta1.proto
 out="${1:-.}"
 mkdir -p "$out/ix_gpu/plugin/api"
-# -I . makes the generated grpc module import "ix_gpu.plugin.api.deviceplugin_v1beta1_pb2", a real
+# grpclib's protoc plugin, run by the same interpreter (its console script may not be on PATH).
+plugin_dir="$(mktemp -d)"
+trap 'rm -rf "$plugin_dir"' EXIT
+printf '#!/bin/sh\nexec "%s" -c "from grpclib.plugin.main import main; main()"\n' "$python" \
+  > "$plugin_dir/protoc-gen-grpclib_python"
+chmod +x "$plugin_dir/protoc-gen-grpclib_python"
+# -I . makes the generated grpc modules import "ix_gpu.plugin.api.deviceplugin_v1beta1_pb2", a real
 # package path. The proto package (v1beta1) and so the wire names do not depend on the file's path.
 "$python" -m grpc_tools.protoc -I . \
-  --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" "$proto"
+  --plugin=protoc-gen-grpclib_python="$plugin_dir/protoc-gen-grpclib_python" \
+  --python_out="$out" --pyi_out="$out" --grpc_python_out="$out" --grpclib_python_out="$out" "$proto"
 # Generated code follows protoc's style, not ours: keep it out of ruff (lint and format) and mypy
-# strict. The pb2 module is typed through the .pyi that protoc writes next to it.
+# strict. The pb2 module is typed through the .pyi that protoc writes next to it; the grpclib module
+# carries its own annotations.
 for f in "$out/ix_gpu/plugin/api/deviceplugin_v1beta1_pb2.py" \
          "$out/ix_gpu/plugin/api/deviceplugin_v1beta1_pb2_grpc.py" \
+         "$out/ix_gpu/plugin/api/deviceplugin_v1beta1_grpc.py" \
          "$out/ix_gpu/plugin/api/deviceplugin_v1beta1_pb2.pyi"; do
   tmp="$f.tmp"
   { echo "# ruff: noqa"

@@ -37,6 +37,8 @@ CORE_ALLOWED = (
     "ix_gpu.webhook.core",
 )
 
+PLUGIN_API = "ix_gpu.plugin.api"
+
 # (importer prefix, forbidden prefixes, why)
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
@@ -53,13 +55,24 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("ix_gpu.plugin", ("ix_gpu.webhook", "ix_gpu.cli"), "the webhook and the plugin are independent"),
     (
         "ix_gpu.plugin.backends",
-        ("ix_gpu.plugin.server", "ix_gpu.plugin.devices", "ix_gpu.plugin.api", "grpc"),
+        ("ix_gpu.plugin.server", "ix_gpu.plugin.devices", "ix_gpu.plugin.api", "grpc", "grpclib"),
         "backends know chips, not the device list or gRPC",
     ),
     (
         "ix_gpu.plugin.devices",
-        ("ix_gpu.plugin.server", "ix_gpu.plugin.api", "grpc", "pynvml", "ctypes"),
+        ("ix_gpu.plugin.server", "ix_gpu.plugin.api", "grpc", "grpclib", "pynvml", "ctypes"),
         "the device list is pure of gRPC and of management libraries",
+    ),
+    # The plugin process serves and registers with grpclib and writes its own metrics text: grpcio
+    # and prometheus_client would cost every GPU node about 11 MiB. grpcio (and its generated
+    # *_pb2_grpc stubs) remain for the tests and the benchmark, which play the kubelet.
+    *(
+        (
+            importer,
+            ("grpc", f"{PLUGIN_API}.deviceplugin_v1beta1_pb2_grpc", "prometheus_client"),
+            "the plugin process uses grpclib and its own metrics, not grpcio or prometheus_client",
+        )
+        for importer in ("ix_gpu.plugin.server", "ix_gpu.plugin.cli", "ix_gpu.plugin.backends")
     ),
 )
 
@@ -153,6 +166,16 @@ def test_the_walk_sees_every_layer() -> None:
         ("ix_gpu.devicemodel.labels", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime"),
         ("ix_gpu.runtime.kube", "from ix_gpu.cli import UsageError", "ix_gpu.cli"),
         ("ix_gpu.plugin.devices.allocation", "import grpc", "grpc"),
+        ("ix_gpu.plugin.devices.allocation", "from grpclib.const import Status", "grpclib"),
+        ("ix_gpu.plugin.server.servicer", "import grpc", "grpc"),
+        ("ix_gpu.plugin.server.registration", "def f():\n    import grpc.aio\n", "grpc.aio"),
+        (
+            "ix_gpu.plugin.server.app",
+            "from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc",
+            "pb2_grpc",
+        ),
+        ("ix_gpu.plugin.server.metrics", "from prometheus_client import Counter", "prometheus_client"),
+        ("ix_gpu.plugin.cli", "import prometheus_client", "prometheus_client"),
         ("ix_gpu.plugin.backends.fake", "from ix_gpu.plugin.devices import device_list", "devices"),
     ],
 )

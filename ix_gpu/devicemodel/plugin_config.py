@@ -1,4 +1,4 @@
-"""The device plugin's configuration: the vendor ConfigMap's keys, verbatim, plus ours.
+"""The device plugin's configuration: the vendor ConfigMap's keys verbatim, NVIDIA's format, and ours.
 
 Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key holds::
 
@@ -10,55 +10,93 @@ Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key
 
 That document must load unchanged, so the seed's keys keep their spelling (``splitboard`` is one
 lowercase word, not ``splitBoard``). Our additions live under clearly named keys next to them and
-all have defaults, so a vendor file never needs them. Unknown keys are errors naming the key: a
-typo such as ``replica: 4`` silently ignored would advertise 1 device where 4 were meant.
+all have defaults, so a vendor file never needs them. Unknown keys are errors naming the key (and,
+for a file, its line): a typo such as ``replica: 4`` silently ignored would advertise 1 device where
+4 were meant.
+
+Operators coming from NVIDIA's k8s-device-plugin bring its ``api/config/v1`` file instead::
+
+    version: v1
+    flags:
+      migStrategy: none
+    sharing:
+      timeSlicing:
+        renameByDefault: true
+        failRequestsGreaterThanOne: true
+        resources:
+          - name: nvidia.com/gpu
+            replicas: 4
+
+Both formats are one schema: ``timeSlicing.replicas: R`` is shorthand for one ``resources`` entry
+naming the plugin's own resource, so ``renameByDefault`` and ``failRequestsGreaterThanOne`` mean the
+same in either. NVIDIA keys fall in three groups (the README's table lists each): those we have an
+equivalent for are mapped onto it (``deviceIDStrategy``, ``sharedDevicesAllocationPolicy``); those
+that cannot change what a pod gets are accepted and reported by :meth:`PluginConfig.notices`; those
+that ask for something ix-gpu does not do (MIG, MPS, CDI, GPUDirect) are errors naming the key,
+because accepting them would fail the workload later, far from the cause.
 """
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
-from pydantic import Field, field_validator
+import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from ix_gpu.devicemodel.schema_base import ConfigError, StrictModel, load_yaml_file, parse_document
+from ix_gpu.devicemodel.schema_base import (
+    ConfigError,
+    StrictModel,
+    _format_location,
+    parse_document,
+)
+from ix_gpu.devicemodel.text import shown
+from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, load_yaml, read_capped
 
 DEFAULT_PATH = "/ixconfig/ix-config"
 """Where the seed's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``, key ``ix-config``)."""
 
+NVIDIA_CONFIG_VERSION = "v1"
+SHARED_SUFFIX = ".shared"
+"""What ``renameByDefault`` appends to a shared resource's name, as NVIDIA's plugin does."""
 
-class Flags(StrictModel):
-    splitboard: bool = False
-    """True: every chip is a device. False (vendor default): one device per board."""
-
-
-class TimeSlicing(StrictModel):
-    replicas: int = 1
-    """Each physical device is advertised this many times, as ``<id>::<i>``."""
-    fail_requests_greater_than_one: bool = False
-    """Reject a container asking for more than one shared device: two replicas of one GPU are not
-    twice the GPU, and a user asking for 2 usually believes they are."""
-
-    @field_validator("replicas")
-    @classmethod
-    def _at_least_one(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"must be at least 1 (1 means no sharing), got {value}")
-        return value
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_MIG_INDEX = re.compile(r"\d+:\d+")
 
 
-class Sharing(StrictModel):
-    time_slicing: TimeSlicing = Field(default_factory=TimeSlicing)
+def resource_name_problem(value: str, *, bare: bool) -> str | None:
+    """Why the kubelet would refuse ``value`` as an extended resource name (None when it would not).
+
+    ``bare``: a name without ``domain/`` is allowed (NVIDIA's ``name: gpu``); the plugin qualifies
+    it with its own resource's domain. Said at load time, not in a registration retry loop."""
+    domain, sep, name = value.rpartition("/")
+    if not sep and bare:
+        ok = len(name) <= 63 and _NAME.fullmatch(name) is not None
+        return (
+            None
+            if ok
+            else f"must be a resource name such as 'gpu' or 'vendor.example/gpu', got {shown(value)}"
+        )
+    if (
+        not sep
+        or "." not in domain
+        or len(domain) > 253
+        or _DNS_SUBDOMAIN.fullmatch(domain) is None
+        or len(name) > 63
+        or _NAME.fullmatch(name) is None
+    ):
+        return f"must look like 'vendor.example/name', got {shown(value)}"
+    return None
 
 
-class Health(StrictModel):
-    interval_seconds: float = Field(default=5.0, gt=0, le=3600)
-    """How often chips are polled; the vendor plugin polls every 5 s."""
-    recover_after: int = Field(default=3, ge=1)
-    """Consecutive healthy checks before an Unhealthy device is advertised Healthy again.
-    Recovery at all is the point (NVIDIA's plugin never recovers); the streak keeps a flapping
-    chip from being handed to one pod after another."""
+def qualify(name: str, like: str) -> str:
+    """``gpu`` → ``<domain of like>/gpu``; a qualified name stays as it is. NVIDIA qualifies bare
+    names with ``nvidia.com``; here the domain is that of the resource the plugin serves."""
+    return name if "/" in name else f"{like.partition('/')[0]}/{name}"
 
 
 class DeviceIdStrategy(StrEnum):
@@ -66,6 +104,22 @@ class DeviceIdStrategy(StrEnum):
 
     UUID = "uuid"
     INDEX = "index"
+
+
+class DeviceListStrategy(StrEnum):
+    """How Allocate hands the devices to the container runtime."""
+
+    ENVVAR = "envvar"
+    """Device specs (the chips' device nodes and the control nodes) plus the visible-devices
+    variable, which every runtime understands."""
+    CDI = "cdi"
+    """Fully qualified CDI device names (``iluvatar.com/gpu=<id>``) that the runtime resolves in
+    the spec the plugin writes under ``cdi.specDir``, plus the visible-devices variable; no device
+    specs (the CDI spec has the nodes). Needs containerd 1.7+ or CRI-O with CDI enabled."""
+
+
+NVIDIA_DEVICE_LIST_STRATEGIES = {"envvar": DeviceListStrategy.ENVVAR, "cdi-cri": DeviceListStrategy.CDI}
+"""NVIDIA's ``flags.plugin.deviceListStrategy`` values we serve, and what they mean here."""
 
 
 class ReplicaPolicy(StrEnum):
@@ -77,8 +131,262 @@ class ReplicaPolicy(StrEnum):
     """Prefer already-used physical GPUs: keep whole GPUs free for large requests."""
 
 
+NVIDIA_ALLOCATION_POLICY = {"distributed": ReplicaPolicy.SPREAD, "packed": ReplicaPolicy.PACK}
+"""``flags.plugin.sharedDevicesAllocationPolicy`` → ``allocation.replicaPolicy``."""
+
+
+# -- flags ------------------------------------------------------------------------------------------
+
+
+class NvidiaPluginFlags(StrictModel):
+    """NVIDIA's ``flags.plugin``: settings of its device plugin proper."""
+
+    pass_device_specs: bool | None = None
+    device_list_strategy: str | list[str] | None = None
+    device_id_strategy: DeviceIdStrategy | None = Field(default=None, alias="deviceIDStrategy")
+    cdi_annotation_prefix: str | None = None
+    nvidia_ctk_path: str | None = Field(default=None, alias="nvidiaCTKPath")
+    container_driver_root: str | None = None
+    shared_devices_allocation_policy: Literal["distributed", "packed"] | None = None
+
+    @field_validator("device_list_strategy")
+    @classmethod
+    def _known_strategies(cls, value: str | list[str] | None) -> str | list[str] | None:
+        strategies = [value] if isinstance(value, str) else value or []
+        others = [s for s in strategies if s not in NVIDIA_DEVICE_LIST_STRATEGIES]
+        if others or (value is not None and not strategies):
+            raise ValueError(
+                f"only {' and '.join(map(repr, NVIDIA_DEVICE_LIST_STRATEGIES))} are supported (the "
+                f"visible-devices variable is always set), got {shown(others[0] if others else value)}"
+            )
+        return value
+
+    @property
+    def list_strategy(self) -> DeviceListStrategy | None:
+        """Ours for theirs: CDI when ``cdi-cri`` is among them (the variable is always set)."""
+        if self.device_list_strategy is None:
+            return None
+        strategies = (
+            [self.device_list_strategy]
+            if isinstance(self.device_list_strategy, str)
+            else self.device_list_strategy
+        )
+        return DeviceListStrategy.CDI if "cdi-cri" in strategies else DeviceListStrategy.ENVVAR
+
+
+class NvidiaGfdFlags(StrictModel):
+    """NVIDIA's ``flags.gfd``: settings of gpu-feature-discovery, which reads the same file."""
+
+    oneshot: bool | None = None
+    no_timestamp: bool | None = None
+    sleep_interval: str | int | float | None = None
+    output_file: str | None = None
+    machine_type_file: str | None = None
+
+
+class Flags(StrictModel):
+    splitboard: bool = False
+    """True: every chip is a device. False (vendor default): one device per board."""
+
+    # NVIDIA's flags (api/config/v1 ``Flags``); what each does here is in the README's table.
+    mig_strategy: str | None = None
+    fail_on_init_error: bool | None = None
+    nvidia_driver_root: str | None = None
+    nvidia_dev_root: str | None = None
+    mps_root: str | None = None
+    gdrcopy_enabled: bool | None = None
+    gds_enabled: bool | None = None
+    mofed_enabled: bool | None = None
+    use_node_feature_api: bool | None = Field(default=None, alias="useNodeFeatureAPI")
+    device_discovery_strategy: str | None = None
+    plugin: NvidiaPluginFlags | None = None
+    gfd: NvidiaGfdFlags | None = None
+
+    @field_validator("mig_strategy")
+    @classmethod
+    def _no_mig(cls, value: str | None) -> str | None:
+        if value is None or value == "none":
+            return value
+        if value in ("single", "mixed"):
+            raise ValueError(f"MIG is not supported by ix-gpu: only 'none' is accepted, got {shown(value)}")
+        raise ValueError(f"unknown MIG strategy {shown(value)}: only 'none' is accepted")
+
+    @field_validator("gdrcopy_enabled", "gds_enabled", "mofed_enabled")
+    @classmethod
+    def _no_extra_devices(cls, value: bool | None) -> bool | None:
+        # NVIDIA then adds GDRCopy/GDS/MOFED device nodes to every container; a pod that relies on
+        # them would fail at run time here, far from this file.
+        if value:
+            raise ValueError("ix-gpu does not inject these devices: only false is accepted")
+        return value
+
+
+# -- sharing ----------------------------------------------------------------------------------------
+
+DeviceSelection: TypeAlias = Literal["all"] | int | tuple[int | str, ...]
+"""Which devices of a resource are shared: ``"all"``, the first N (an int), or a tuple of chip
+indices (ints) and UUIDs (strings), as NVIDIA's ``devices`` field allows minus its MIG forms."""
+
+
+def _device_selection(value: Any) -> DeviceSelection:
+    if value == "all":
+        return "all"
+    if isinstance(value, (bool, float)):
+        raise ValueError(f"must be 'all', a count or a list of device indices or UUIDs, got {shown(value)}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ValueError(f"a count of devices must be at least 1, got {value}")
+        return value
+    if isinstance(value, str):
+        raise ValueError(f"the only word accepted is 'all', got {shown(value)}")
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            f"must be 'all', a count or a non-empty list of device indices or UUIDs, got {shown(value)}"
+        )
+    refs: list[int | str] = []
+    for item in value:
+        ref: int | str
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            ref = item
+        elif isinstance(item, str) and item.isascii() and item.isdigit():
+            ref = int(item)
+        elif isinstance(item, str) and (_MIG_INDEX.fullmatch(item) or item.startswith("MIG-")):
+            raise ValueError(f"{shown(item)} is a MIG device: MIG is not supported by ix-gpu")
+        elif isinstance(item, str) and item and item.strip() == item:
+            ref = item
+        else:
+            raise ValueError(f"a device is a chip index (0, 1, ...) or a chip UUID, got {shown(item)}")
+        if ref in refs:
+            raise ValueError(f"lists device {shown(ref)} twice")
+        refs.append(ref)
+    return tuple(refs)
+
+
+class SharedResource(StrictModel):
+    """One ``sharing.timeSlicing.resources`` entry (NVIDIA's ``ReplicatedResource``)."""
+
+    name: str
+    """The resource whose devices are shared: ``gpu`` (the plugin's domain) or ``domain/name``."""
+    rename: str | None = None
+    """Advertise the shared devices under this name instead."""
+    replicas: int
+    devices: DeviceSelection = "all"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if problem := resource_name_problem(value, bare=True):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("rename")
+    @classmethod
+    def _rename(cls, value: str | None) -> str | None:
+        if value is not None and (problem := resource_name_problem(value, bare=True)):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("replicas")
+    @classmethod
+    def _shares(cls, value: int) -> int:
+        # As NVIDIA's: an entry with one replica shares nothing, and would still rename.
+        if value < 2:
+            raise ValueError(f"must be at least 2 (an entry shares its devices), got {value}")
+        return value
+
+    @field_validator("devices", mode="plain")
+    @classmethod
+    def _devices(cls, value: Any) -> DeviceSelection:
+        return _device_selection(value)
+
+
+class TimeSlicing(StrictModel):
+    replicas: int = 1
+    """Each physical device is advertised this many times, as ``<id>::<i>`` (the seed's key)."""
+    rename_by_default: bool = False
+    """Shared devices are advertised as ``<resource>.shared`` unless an entry names a ``rename``."""
+    fail_requests_greater_than_one: bool = False
+    """Reject a container asking for more than one shared device: two replicas of one GPU are not
+    twice the GPU, and a user asking for 2 usually believes they are."""
+    resources: tuple[SharedResource, ...] = ()
+    """NVIDIA's form: replicas per resource name; entries for resources this plugin does not serve
+    are ignored (one file may serve several kinds of node)."""
+
+    @field_validator("replicas")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"must be at least 1 (1 means no sharing), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TimeSlicing:
+        if "replicas" in self.model_fields_set and self.resources:
+            raise ValueError(
+                "give replicas (the Iluvatar plugin's form) or resources (NVIDIA's form), not both"
+            )
+        seen: dict[str, int] = {}
+        for n, entry in enumerate(self.resources):
+            if entry.name in seen:
+                raise ValueError(
+                    f"resources[{n}].name {shown(entry.name)} repeats resources[{seen[entry.name]}].name"
+                )
+            seen[entry.name] = n
+            renamed = entry.rename != entry.name if entry.rename is not None else self.rename_by_default
+            if renamed and entry.devices != "all":
+                # NVIDIA then advertises the unselected devices under the old name and the shared
+                # ones under the new: two resources. This plugin registers one resource name.
+                raise ValueError(
+                    f"resources[{n}].devices selects some devices of a renamed resource "
+                    f"({'rename' if entry.rename is not None else 'renameByDefault'}): the others would "
+                    "need a second resource name, and ix-gpu serves one; use devices: all, or do not rename"
+                )
+        return self
+
+
+class Sharing(StrictModel):
+    time_slicing: TimeSlicing = Field(default_factory=TimeSlicing)
+    mps: Any = None
+    """NVIDIA's MPS sharing: refused, it needs NVIDIA's MPS control daemon."""
+
+    @field_validator("mps")
+    @classmethod
+    def _no_mps(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("MPS is NVIDIA's and not supported by ix-gpu; share with sharing.timeSlicing")
+        return None
+
+
+# -- the rest of ours -------------------------------------------------------------------------------
+
+
+class Health(StrictModel):
+    interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How often chips are polled; the vendor plugin polls every 5 s."""
+    recover_after: int = Field(default=3, ge=1)
+    """Consecutive healthy checks before an Unhealthy device is advertised Healthy again.
+    Recovery at all is the point (NVIDIA's plugin never recovers); the streak keeps a flapping
+    chip from being handed to one pod after another."""
+
+
 class Allocation(StrictModel):
     replica_policy: ReplicaPolicy = ReplicaPolicy.SPREAD
+
+
+class Cdi(StrictModel):
+    spec_dir: str = "/var/run/cdi"
+    """Where the CDI spec is written (``<vendor>-<class>.json``), with ``deviceListStrategy: cdi``
+    or ``ix-gpu cdi generate``; the container runtime's CDI spec directory."""
+    driver_root: str | None = None
+    """Host directory of the driver, mounted read-only into GPU containers (default: the
+    vendor's, ``/usr/local/corex``; none for NVIDIA, whose toolkit provides the driver)."""
+
+    @field_validator("spec_dir", "driver_root")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {shown(value)}")
+        return value
 
 
 class Labels(StrictModel):
@@ -86,56 +394,255 @@ class Labels(StrictModel):
     """Publish product/count/memory/replicas node labels (needs RBAC to patch the node)."""
 
 
+class NvidiaResourcePattern(StrictModel):
+    pattern: str
+    name: str
+
+
+class NvidiaResources(StrictModel):
+    """NVIDIA's top-level ``resources`` (rename by product pattern), which NVIDIA's own plugin
+    ignores with a warning today; so does this one."""
+
+    gpus: tuple[NvidiaResourcePattern, ...] = ()
+    mig: tuple[NvidiaResourcePattern, ...] = ()
+
+
 class PluginConfig(StrictModel):
     """The whole ``ix-config`` document."""
 
+    version: str | None = None
+    """NVIDIA's format version; only ``v1`` exists. Our format has none."""
     resource_name: str | None = None
     """Extended resource to advertise; the vendor's (``iluvatar.com/gpu``) when absent."""
     flags: Flags = Field(default_factory=Flags)
+    resources: NvidiaResources | None = None
     sharing: Sharing = Field(default_factory=Sharing)
     health: Health = Field(default_factory=Health)
     device_id_strategy: DeviceIdStrategy = DeviceIdStrategy.UUID
+    device_list_strategy: DeviceListStrategy = DeviceListStrategy.ENVVAR
+    cdi: Cdi = Field(default_factory=Cdi)
     allocation: Allocation = Field(default_factory=Allocation)
     labels: Labels = Field(default_factory=Labels)
+    imex: Any = None
+    """NVIDIA's IMEX channels (multi-node NVLink): refused."""
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, value: str | None) -> str | None:
+        if value is not None and value != NVIDIA_CONFIG_VERSION:
+            raise ValueError(
+                f"unknown version {shown(value)}: only {NVIDIA_CONFIG_VERSION} (NVIDIA's format) is known"
+            )
+        return value
 
     @field_validator("resource_name")
     @classmethod
     def _qualified(cls, value: str | None) -> str | None:
-        # The kubelet rejects a Register for a resource that is not ``domain/name``; say it here,
-        # at load time, instead of in a registration retry loop.
-        if value is None:
-            return None
-        domain, sep, name = value.partition("/")
-        if not sep or not domain or not name or "." not in domain or "/" in name:
-            raise ValueError(f"must look like 'vendor.example/name', got {value!r}")
+        if value is not None and (problem := resource_name_problem(value, bare=False)):
+            raise ValueError(problem)
         return value
+
+    @field_validator("imex")
+    @classmethod
+    def _no_imex(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("IMEX channels are NVIDIA's and not supported by ix-gpu")
+        return None
+
+    # An NVIDIA key and ours for the same setting may both be given only when they agree; the
+    # check runs where ours was given (so the error names it), the mapping in ``_from_nvidia``.
+
+    @field_validator("device_id_strategy")
+    @classmethod
+    def _agrees_with_nvidia_id_strategy(
+        cls, value: DeviceIdStrategy, info: ValidationInfo
+    ) -> DeviceIdStrategy:
+        theirs = _nvidia_plugin_flags(info).device_id_strategy
+        if theirs is not None and theirs != value:
+            raise ValueError(f"{value} contradicts flags.plugin.deviceIDStrategy: {theirs}; set one of them")
+        return value
+
+    @field_validator("device_list_strategy")
+    @classmethod
+    def _agrees_with_nvidia_list_strategy(
+        cls, value: DeviceListStrategy, info: ValidationInfo
+    ) -> DeviceListStrategy:
+        theirs = _nvidia_plugin_flags(info).list_strategy
+        if theirs is not None and theirs != value:
+            raise ValueError(
+                f"{value} contradicts flags.plugin.deviceListStrategy "
+                f"({_nvidia_plugin_flags(info).device_list_strategy}); set one of them"
+            )
+        return value
+
+    @field_validator("allocation")
+    @classmethod
+    def _agrees_with_nvidia_policy(cls, value: Allocation, info: ValidationInfo) -> Allocation:
+        theirs = _nvidia_plugin_flags(info).shared_devices_allocation_policy
+        given = "replica_policy" in value.model_fields_set
+        if theirs is not None and given and NVIDIA_ALLOCATION_POLICY[theirs] != value.replica_policy:
+            raise ValueError(
+                f"replicaPolicy: {value.replica_policy} contradicts "
+                f"flags.plugin.sharedDevicesAllocationPolicy: {theirs}; set one of them"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _from_nvidia(self) -> PluginConfig:
+        plugin = self.flags.plugin
+        if plugin is None:
+            return self
+        update: dict[str, Any] = {}
+        if plugin.device_id_strategy is not None:
+            update["device_id_strategy"] = plugin.device_id_strategy
+        if plugin.list_strategy is not None:
+            update["device_list_strategy"] = plugin.list_strategy
+        if plugin.shared_devices_allocation_policy is not None:
+            policy = NVIDIA_ALLOCATION_POLICY[plugin.shared_devices_allocation_policy]
+            update["allocation"] = self.allocation.model_copy(update={"replica_policy": policy})
+        return self.model_copy(update=update) if update else self
 
     @property
     def replicas(self) -> int:
+        """The seed's ``sharing.timeSlicing.replicas``; what a resource gets is decided per
+        resource by :func:`ix_gpu.plugin.devices.sharing.plan_sharing`."""
         return self.sharing.time_slicing.replicas
+
+    def notices(self) -> tuple[str, ...]:
+        """One line per NVIDIA key that was accepted but changes nothing here, for the log: the
+        operator should know which of their settings are not in effect."""
+        flags, plugin = self.flags, self.flags.plugin
+        out: list[str] = []
+
+        def ignored(key: str, why: str) -> None:
+            out.append(f"{key} is ignored: {why}")
+
+        if flags.fail_on_init_error is False:
+            ignored(
+                "flags.failOnInitError: false", "the plugin exits when no backend can start, and is restarted"
+            )
+        for key, value in (
+            ("nvidiaDriverRoot", flags.nvidia_driver_root),
+            ("nvidiaDevRoot", flags.nvidia_dev_root),
+        ):
+            if value not in (None, "/"):
+                ignored(f"flags.{key}", "device nodes and sysfs are read under the --root directory")
+        if flags.mps_root is not None:
+            ignored("flags.mpsRoot", "MPS is not supported")
+        if flags.use_node_feature_api:
+            ignored("flags.useNodeFeatureAPI", "ix-gpu labels nodes itself (labels.enabled)")
+        if flags.device_discovery_strategy not in (None, "auto"):
+            ignored("flags.deviceDiscoveryStrategy", "the backend is chosen with ix-gpu plugin --backend")
+        if plugin is not None:
+            if plugin.pass_device_specs is False:
+                ignored("flags.plugin.passDeviceSpecs: false", "device nodes are always passed in Allocate")
+            for key, value in (
+                ("cdiAnnotationPrefix", plugin.cdi_annotation_prefix),
+                ("nvidiaCTKPath", plugin.nvidia_ctk_path),
+                ("containerDriverRoot", plugin.container_driver_root),
+            ):
+                if value is not None:
+                    ignored(f"flags.plugin.{key}", "it serves NVIDIA's CDI device-list strategies only")
+        if flags.gfd is not None:
+            ignored("flags.gfd", "it configures gpu-feature-discovery, not the device plugin")
+        if self.resources is not None and (self.resources.gpus or self.resources.mig):
+            ignored(
+                "resources",
+                "as by NVIDIA's plugin; rename with sharing.timeSlicing.resources[].rename or resourceName",
+            )
+        return tuple(out)
+
+
+def _nvidia_plugin_flags(info: ValidationInfo) -> NvidiaPluginFlags:
+    flags = info.data.get("flags")
+    return flags.plugin if isinstance(flags, Flags) and flags.plugin is not None else NvidiaPluginFlags()
+
+
+# -- loading ------------------------------------------------------------------------------------------
 
 
 def parse_plugin_config(data: Any, source: str = "config") -> PluginConfig:
+    """Validate an already-parsed document; errors name ``source`` and the field."""
     return parse_document(PluginConfig, data, source)
+
+
+def parse_plugin_yaml(content: bytes | str, source: str) -> PluginConfig:
+    """Parse and validate an ``ix-config`` file's content; errors name ``source``, the field and,
+    where the field is in the file, its line (``line 7: flags.migStrategy: ...``)."""
+    data = load_yaml(content, source, max_bytes=CONFIG_MAX_BYTES)
+    if not isinstance(data, dict):
+        return parse_document(PluginConfig, data, source)
+    try:
+        return PluginConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe_with_lines(exc, content)}") from None
 
 
 def load_plugin_config(path: str | Path) -> PluginConfig:
     """Load ``path``; every failure is a :class:`ConfigError` naming the file and the field."""
-    return load_yaml_file(PluginConfig, path)
+    return parse_plugin_yaml(read_capped(path, CONFIG_MAX_BYTES), str(path))
+
+
+def _describe_with_lines(error: ValidationError, content: bytes | str) -> str:
+    # The content already passed the strict loader (size, depth, aliases, duplicate keys), so
+    # composing it again is safe; it happens only for an invalid config.
+    root = yaml.compose(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    parts = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        text = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        line = _line_of(root, loc)
+        where = f"line {line}: " if line is not None else ""
+        parts.append(f"{where}{_format_location(loc)}: {text}")
+    return "; ".join(parts)
+
+
+def _line_of(node: Node | None, loc: tuple[int | str, ...]) -> int | None:
+    """The line of the deepest node along ``loc`` (a key's line for a mapping entry); parts that
+    are not in the document (a union member's tag, a missing field) stop the walk there."""
+    line = None
+    for part in loc:
+        if isinstance(node, MappingNode) and isinstance(part, str):
+            found = next(
+                ((k, v) for k, v in node.value if isinstance(k, ScalarNode) and k.value == part), None
+            )
+            if found is None:
+                break
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif isinstance(node, SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
 
 
 __all__ = [
     "DEFAULT_PATH",
+    "NVIDIA_ALLOCATION_POLICY",
+    "NVIDIA_CONFIG_VERSION",
+    "NVIDIA_DEVICE_LIST_STRATEGIES",
+    "SHARED_SUFFIX",
     "Allocation",
+    "Cdi",
     "ConfigError",
     "DeviceIdStrategy",
+    "DeviceListStrategy",
+    "DeviceSelection",
     "Flags",
     "Health",
     "Labels",
+    "NvidiaGfdFlags",
+    "NvidiaPluginFlags",
+    "NvidiaResources",
     "PluginConfig",
     "ReplicaPolicy",
+    "SharedResource",
     "Sharing",
     "TimeSlicing",
     "load_plugin_config",
     "parse_plugin_config",
+    "parse_plugin_yaml",
+    "qualify",
+    "resource_name_problem",
 ]

@@ -1,7 +1,7 @@
 """``ix-gpu plugin`` (run the device plugin) and ``ix-gpu devices`` (show what it would advertise).
 
-Registration imports nothing heavy: grpc, pydantic models and backends are imported by the
-handlers, so ``ix-gpu mutate`` never pays for them.
+Registration imports nothing heavy: grpclib, pydantic models and backends are imported by the
+handlers, so ``ix-gpu mutate`` never pays for them; and the plugin imports only the backend it runs.
 """
 
 from __future__ import annotations
@@ -76,8 +76,7 @@ class LoadedConfig(NamedTuple):
 
 
 def _load_config(args: argparse.Namespace) -> LoadedConfig:
-    from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig
-    from ix_gpu.devicemodel.schema_base import parse_yaml
+    from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig, parse_plugin_yaml
     from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
 
     path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
@@ -85,7 +84,7 @@ def _load_config(args: argparse.Namespace) -> LoadedConfig:
         return LoadedConfig(PluginConfig(), None, None)
     try:
         content = read_capped(path, CONFIG_MAX_BYTES)
-        return LoadedConfig(parse_yaml(PluginConfig, content, str(path)), path, content)
+        return LoadedConfig(parse_plugin_yaml(content, str(path)), path, content)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -125,19 +124,28 @@ def run_plugin(args: argparse.Namespace) -> int:
         logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
         return 1
 
+    from ix_gpu.plugin.devices.sharing import plan_sharing
+
+    for note in plan_sharing(config, backend.vendor.resource_name).notes:
+        logging.getLogger("ix_gpu.plugin").warning("config %s: %s", config_path, note)
+
     from ix_gpu.devicemodel.plugin_config import ConfigError
     from ix_gpu.plugin.server.app import PluginApp, PluginSettings
-    from ix_gpu.runtime.kube import ApiServer
 
     directory = Path(args.device_plugin_dir)
     if not directory.is_dir():
         raise UsageError(f"--device-plugin-dir {directory}: not a directory")
+    api_server = None
+    if config.labels.enabled:  # urllib.request and friends only for a plugin that labels its node
+        from ix_gpu.runtime.kube import ApiServer
+
+        api_server = ApiServer.in_cluster()
     settings = PluginSettings(
         device_plugin_dir=directory,
         config_path=config_path,
         metrics_port=args.metrics_port or None,
         node_name=os.environ.get("NODE_NAME"),
-        api_server=ApiServer.in_cluster() if config.labels.enabled else None,
+        api_server=api_server,
     )
 
     async def main() -> int:
@@ -152,9 +160,12 @@ def run_plugin(args: argparse.Namespace) -> int:
 
 
 def run_devices(args: argparse.Namespace) -> int:
+    import sys
+
     from ix_gpu.plugin.backends.base import BackendError
     from ix_gpu.plugin.devices.device_list import build_device_list
     from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
+    from ix_gpu.plugin.devices.sharing import plan_sharing
 
     config = _load_config(args).config
     try:
@@ -163,9 +174,21 @@ def run_devices(args: argparse.Namespace) -> int:
     except (BackendStartError, BackendError) as exc:
         print(f"ix-gpu devices: {exc}")
         return 1
-    devices = build_device_list(chips, splitboard=config.flags.splitboard, replicas=config.replicas)
-    resource = config.resource_name or backend.vendor.resource_name
-    print(f"# backend {backend.name}, resource {resource}, {len(devices.devices)} devices")
+    plan = plan_sharing(config, backend.vendor.resource_name)
+    for note in plan.notes:
+        print(f"ix-gpu devices: note: {note}", file=sys.stderr)
+    try:
+        devices = build_device_list(
+            chips,
+            splitboard=config.flags.splitboard,
+            replicas=plan.replicas,
+            shared=plan.devices,
+            key=plan.key,
+        )
+    except ValueError as exc:
+        print(f"ix-gpu devices: {exc}")
+        return 1
+    print(f"# backend {backend.name}, resource {plan.resource}, {len(devices.devices)} devices")
     rows = [("ID", "CHIPS", "BOARD", "MINOR", "NUMA", "MEMORY", "HEALTH")]
     for device in devices.devices:
         phys = device.physical

@@ -33,12 +33,12 @@ def start_plugin(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[StartPlugin]:
-    """``start_plugin(devices, config)``: a fresh device manager, then the plugin serving into its
-    directory; returns both once the resource is registered with at least one device."""
+    """``start_plugin(devices, config, resource=RESOURCE)``: a fresh device manager, then the plugin
+    serving into its directory; returns both once ``resource`` is registered with at least one device."""
     plugins: list[PluginProcess] = []
     test = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)[:60]
 
-    def start(devices: str, config: str) -> tuple[KubeletHarness, PluginProcess]:
+    def start(devices: str, config: str, resource: str = RESOURCE) -> tuple[KubeletHarness, PluginProcess]:
         harness = kubelet_harness()
         n = len(plugins)
         plugin = PluginProcess(
@@ -50,7 +50,7 @@ def start_plugin(
             name=f"ix-gpu-plugin-{test}-{n}",
         ).start()
         plugins.append(plugin)
-        _, took = poll(harness, lambda r: r["capacity"].get(RESOURCE, 0) > 0, REGISTER_S, "registration")
+        _, took = poll(harness, lambda r: r["capacity"].get(resource, 0) > 0, REGISTER_S, "registration")
         print(f"registered in {took:.2f}s")
         return harness, plugin
 
@@ -189,3 +189,54 @@ def test_sigterm_leaves_devices_unhealthy_in_the_kubelet(start_plugin: StartPlug
     assert healthy_ids(reply) == set()
     assert not plugin.socket.exists()
     assert not allocate(harness, "a", 1)["ok"]
+
+
+# --------------------------------------------------------------------------- NVIDIA's config format
+
+SHARED = RESOURCE + ".shared"
+
+
+def nvidia_config(
+    replicas: int, *, splitboard: bool = False, fail_requests_greater_than_one: bool = False
+) -> str:
+    """NVIDIA k8s-device-plugin's config file (api/config/v1) as its README writes it, naming our
+    resource; ``splitboard`` adds the seed's flag beside NVIDIA's."""
+    return (
+        "version: v1\n"
+        "flags:\n"
+        "  migStrategy: none\n" + ("  splitboard: true\n" if splitboard else "") + "sharing:\n"
+        "  timeSlicing:\n"
+        "    renameByDefault: true\n"
+        f"    failRequestsGreaterThanOne: {'true' if fail_requests_greater_than_one else 'false'}\n"
+        "    resources:\n"
+        f"    - name: {RESOURCE}\n"
+        f"      replicas: {replicas}\n"
+    )
+
+
+@pytest.mark.parametrize(("splitboard", "units"), [(False, 2), (True, 4)], ids=["boards", "splitboard"])
+def test_nvidia_format_rename_by_default_advertises_shared_capacity(
+    start_plugin: StartPlugin, splitboard: bool, units: int
+) -> None:
+    harness, _ = start_plugin(devices_yaml(), nvidia_config(4, splitboard=splitboard), resource=SHARED)
+    reply, _ = poll(harness, lambda r: r["capacity"].get(SHARED, 0) == units * 4, REGISTER_S, "capacity")
+    # boards (or chips, split) x 4 replicas, all under <resource>.shared; nothing under the old name.
+    assert reply["capacity"][SHARED] == reply["allocatable"][SHARED] == units * 4, reply
+    assert RESOURCE not in reply["capacity"], reply
+    assert len(reply["healthy_devices"][SHARED]) == units * 4
+    assert all("::" in device for device in reply["healthy_devices"][SHARED])
+
+
+def test_nvidia_format_fail_requests_greater_than_one(start_plugin: StartPlugin) -> None:
+    harness, _ = start_plugin(
+        devices_yaml(), nvidia_config(4, fail_requests_greater_than_one=True), resource=SHARED
+    )
+    two = harness.allocate("a-uid/a", "main", {SHARED: 2})
+    assert not two["ok"], two
+    print(f"the kubelet's answer to 2 shared devices: {two['error']}")
+    assert "maximum request size for shared resources is 1" in two["error"], two
+    assert "failRequestsGreaterThanOne" in two["error"], two
+    one = harness.allocate("b-uid/b", "main", {SHARED: 1})
+    assert one["ok"], one
+    (device,) = one["device_ids"][SHARED]
+    assert "::" in device

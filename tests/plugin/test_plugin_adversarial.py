@@ -27,6 +27,7 @@ from unittest import mock
 
 import grpc
 import pytest
+from grpclib.server import Server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +41,7 @@ from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container
 from ix_gpu.plugin.devices.device_list import Device, DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
-from ix_gpu.plugin.server.servicer import DevicePluginServicer, add_to_server
+from ix_gpu.plugin.server.servicer import DevicePluginServicer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -349,24 +350,23 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
 async def serving(
     devices: DeviceList, config: PluginConfig = CONFIG
 ) -> AsyncIterator[tuple[Any, PluginMetrics]]:
-    """The plugin's servicer behind a gRPC server on a unix socket, and a default-options client stub
-    (the same limits a Go kubelet client has for status details: a few KiB of headers)."""
+    """The plugin's servicer behind the plugin's gRPC server (grpclib) on a unix socket, and a
+    default-options grpcio client stub (the same limits a Go kubelet client has for status details:
+    a few KiB of headers)."""
     directory = Path(tempfile.mkdtemp(prefix="ixadv", dir="/tmp"))  # unix socket paths are short
     metrics = PluginMetrics()
     snapshot = Snapshot(
         devices=devices, unhealthy={}, config=config, vendor=ILUVATAR, control_nodes=("/dev/itrctl",)
     )
-    server = grpc.aio.server()
-    add_to_server(DevicePluginServicer(DeviceState(snapshot), metrics), server)
-    address = f"unix://{directory / 'plugin.sock'}"
-    server.add_insecure_port(address)
-    await server.start()
-    channel = grpc.aio.insecure_channel(address)
+    server = Server([DevicePluginServicer(DeviceState(snapshot), metrics)])
+    await server.start(path=str(directory / "plugin.sock"))
+    channel = grpc.aio.insecure_channel(f"unix://{directory / 'plugin.sock'}")
     try:
         yield pb_grpc.DevicePluginStub(channel), metrics  # type: ignore[no-untyped-call]
     finally:
         await channel.close()
-        await server.stop(0)
+        server.close()
+        await server.wait_closed()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -388,7 +388,7 @@ def test_megabyte_id_allocate_is_invalid_argument_with_a_short_message(
             assert len(details) < SHORT
             assert details.startswith("unknown device ID 'GPU-AAAA")
             assert "more characters" in details
-            assert metrics.allocations.labels(result="error")._value.get() == 1
+            assert metrics.allocations.labels(result="error").get() == 1
             # The plugin still serves after the hostile call.
             (ok,) = (await plugin.Allocate(allocate_request(["C3"]), timeout=2)).container_responses
             assert ok.envs["IX_VISIBLE_DEVICES"] == "C3"
@@ -447,7 +447,7 @@ def test_huge_container_lists_are_rejected_fast(caplog: pytest.LogCaptureFixture
                 assert time.perf_counter() - started < FAST
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert (info.value.details() or "").startswith(f"{huge} containers in one request")
-            assert metrics.allocations.labels(result="error")._value.get() == 1
+            assert metrics.allocations.labels(result="error").get() == 1
 
     with caplog.at_level(logging.WARNING, logger="ix_gpu.plugin.server.servicer"):
         run(scenario)

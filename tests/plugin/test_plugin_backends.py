@@ -216,3 +216,34 @@ def test_nvml_boards_numa_and_lost_gpu(tmp_path: Path) -> None:
     fake.count_error = "Driver Not Loaded"
     with pytest.raises(BackendError, match="Driver Not Loaded"):
         backend.chips()
+
+
+def test_nvml_without_the_driver_fails_before_importing_pynvml() -> None:
+    """``auto`` tries nvml on every node that ixml does not serve; without NVIDIA's library that must
+    not leave pynvml (about 2 MiB) imported for the life of the plugin. A fresh interpreter, since
+    this test process may have imported pynvml already."""
+    import ctypes
+    import sys
+
+    from ix_gpu.plugin.backends.nvml import NVML_LIBRARY
+
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError:
+        pass
+    else:
+        pytest.skip(f"{NVML_LIBRARY} is installed on this machine")
+    probe = (
+        "import sys\n"
+        "from ix_gpu.plugin.backends import make_backend\n"
+        "from ix_gpu.plugin.backends.base import BackendError\n"
+        "try:\n"
+        "    make_backend('nvml')\n"
+        "except BackendError as exc:\n"
+        "    print(exc)\n"
+        "print('pynvml' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    message, imported = result.stdout.splitlines()
+    assert message.startswith(f"nvmlInit: {NVML_LIBRARY} cannot be loaded")
+    assert imported == "False"

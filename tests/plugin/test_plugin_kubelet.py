@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
@@ -16,11 +17,13 @@ from typing import Any
 
 import grpc
 import pytest
+from h2.connection import H2Connection
 
 from ix_gpu.devicemodel.plugin_config import load_plugin_config
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.backends.fake import FakeBackend
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.registration import CLOSED_STREAMS_KEPT
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 
@@ -167,7 +170,25 @@ def test_allocate_rejections_are_invalid_argument(short_tmp: Path, fake_devices:
             assert "failRequestsGreaterThanOne" in (info.value.details() or "")
             (ok,) = (await allocate(kubelet, [f"{UUID(2)}::1"])).container_responses
             assert ok.envs["IX_REPLICA_DEVICES"] == f"{UUID(2)}::1"
-            assert app.metrics.allocations.labels(result="error")._value.get() == 2
+            assert app.metrics.allocations.labels(result="error").get() == 2
+
+    run(scenario)
+
+
+def test_one_long_lived_connection_keeps_bounded_stream_state(short_tmp: Path, fake_devices: Path) -> None:
+    """The kubelet makes all its calls on one connection, for as long as it runs. h2 remembers every
+    closed stream of a connection, by default up to 65,536 (10 MiB of the plugin's memory after as
+    many Allocates); the plugin's connections remember at most CLOSED_STREAMS_KEPT."""
+
+    async def scenario() -> None:
+        async with plugin_and_kubelet(short_tmp, fake_devices) as (app, kubelet):
+            device = kubelet.last_update().devices[0][0]
+            for _ in range(CLOSED_STREAMS_KEPT + 100):
+                await allocate(kubelet, [device])
+            served = [c for c in gc.get_objects() if isinstance(c, H2Connection) and not c.config.client_side]
+            remembered = [len(c._closed_streams) for c in served]
+            assert remembered and max(remembered) == CLOSED_STREAMS_KEPT, remembered
+            assert app.metrics.allocations.labels(result="success").get() == CLOSED_STREAMS_KEPT + 100
 
     run(scenario)
 
@@ -223,8 +244,8 @@ def test_health_flip_sends_update_and_recovers_after_streak(short_tmp: Path, fak
             # recoverAfter 3 at 0.1 s: at least two more checks after the first healthy one.
             assert kubelet.last_update().at - fixed_at >= 0.2
             transitions = app.metrics.health_transitions
-            assert transitions.labels(to="Unhealthy")._value.get() == 1
-            assert transitions.labels(to="Healthy")._value.get() == 1
+            assert transitions.labels(to="Unhealthy").get() == 1
+            assert transitions.labels(to="Healthy").get() == 1
 
     run(scenario)
 
@@ -258,7 +279,7 @@ def test_config_hot_reload_and_invalid_config_kept(short_tmp: Path, fake_devices
             await kubelet.wait_for(lambda: len(kubelet.last_update().devices) == 4, what="4 devices")
             config.write_text(FAST_HEALTH + "sharing:\n  timeSlicing:\n    replicas: 0\n")
             await kubelet.wait_for(
-                lambda: app.metrics.config_reloads.labels(result="error")._value.get() == 1,
+                lambda: app.metrics.config_reloads.labels(result="error").get() == 1,
                 what="rejection",
             )
             await asyncio.sleep(0.3)

@@ -1,4 +1,5 @@
-"""The real ``ix-gpu plugin`` process: SIGTERM, /healthz and /metrics, and usage errors."""
+"""The real ``ix-gpu plugin`` process: SIGTERM, /healthz and /metrics, what it imports, and usage
+errors."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
-from tests.support.cli import ix_gpu
+from tests.support.cli import ix_gpu, ix_gpu_process
 from tests.support.net import free_port
 from tests.support.plugin_process import PluginProcess
 from tests.support.waiting import wait_until
@@ -89,6 +91,59 @@ def test_healthz_reports_library_failure(short_tmp: Path, fake_devices: Path) ->
         assert "ixml gone" in body
     finally:
         plugin.terminate(10)
+
+
+HEAVY = ("grpc", "prometheus_client")
+"""Top-level packages the plugin process must never import (grpcio's C core alone is ~9 MiB RSS)."""
+
+
+def test_the_process_never_imports_grpcio_or_prometheus_client(short_tmp: Path, fake_devices: Path) -> None:
+    """Through a whole life: start, register, ListAndWatch, Allocate, /metrics, SIGTERM. Python
+    writes every import to the log (``PYTHONPROFILEIMPORTTIME``), lazy ones included, and grpcio's
+    extension would show in the process's memory map."""
+    directory = short_tmp / "dp"
+    directory.mkdir()
+    config = write_config(short_tmp, FAST_HEALTH)
+    port = free_port()
+
+    async def scenario() -> tuple[int | None, str]:
+        kubelet = FakeKubelet(directory)
+        await kubelet.start()
+        plugin = ix_gpu_process(
+            "ix-gpu-plugin",
+            "plugin",
+            "--backend", "fake",
+            "--fake-devices", str(fake_devices),
+            "--device-plugin-dir", str(directory),
+            "--config", str(config),
+            "--metrics-port", str(port),
+            log_dir=short_tmp,
+            env={"PYTHONPROFILEIMPORTTIME": "1"},
+        )  # fmt: skip
+        try:
+            await kubelet.wait_for(lambda: kubelet.updates, timeout=20, what="registration of the process")
+            device = kubelet.last_update().devices[0][0]
+            request = pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=[device])]
+            )
+            await kubelet.plugin.Allocate(request, timeout=5)
+            status, _ = await asyncio.to_thread(http_get, port, "/metrics")
+            assert status == 200
+            maps = Path(f"/proc/{plugin.pid}/maps").read_text()
+            assert "cygrpc" not in maps and "grpc/_cython" not in maps
+            plugin.popen.send_signal(signal.SIGTERM)
+            rc = await asyncio.to_thread(plugin.popen.wait, 10)
+        finally:
+            plugin.stop()
+            await kubelet.stop()
+        return rc, plugin.output()
+
+    rc, log = asyncio.run(scenario())
+    assert rc == 0, log
+    imported = {line.split("|")[-1].strip() for line in log.splitlines() if line.startswith("import time:")}
+    assert "grpclib.server" in imported and "ix_gpu.plugin.server.http_endpoints" in imported, log[-2000:]
+    heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
+    assert not heavy, f"the plugin process imported {heavy}"
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ GENERATED = (
     "deviceplugin_v1beta1_pb2.py",
     "deviceplugin_v1beta1_pb2.pyi",
     "deviceplugin_v1beta1_pb2_grpc.py",
+    "deviceplugin_v1beta1_grpc.py",
 )
 
 

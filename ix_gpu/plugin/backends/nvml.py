@@ -29,12 +29,29 @@ def _sysfs_bus_id(bus_id: str) -> str:
     return f"{domain[-4:]}:{rest}".lower()
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"
+"""What pynvml loads on Linux (``pynvml._LoadNvmlLibrary``)."""
+
+
+def _require_library() -> None:
+    """Fail before importing pynvml where NVIDIA's driver is absent: ``auto`` tries this backend on
+    every node that ixml does not serve, and pynvml's import alone costs the plugin about 2 MiB,
+    kept for the life of the process even when nvmlInit then fails."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(NVML_LIBRARY)
+    except OSError as exc:
+        raise BackendError(f"nvmlInit: {NVML_LIBRARY} cannot be loaded ({exc})") from None
+
+
 class NvmlBackend:
     name = "nvml"
 
     def __init__(self, root: Path = Path("/"), nvml: Any = None) -> None:
         self.root = root
         if nvml is None:
+            _require_library()
             try:
                 import pynvml
             except ImportError as exc:

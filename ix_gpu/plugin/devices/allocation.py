@@ -10,8 +10,9 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ix_gpu.devicemodel.plugin_config import DeviceIdStrategy, PluginConfig, ReplicaPolicy
+from ix_gpu.devicemodel.plugin_config import DeviceIdStrategy, DeviceListStrategy, PluginConfig, ReplicaPolicy
 from ix_gpu.devicemodel.vendors import Vendor
+from ix_gpu.plugin.devices.cdi import qualified_name
 from ix_gpu.plugin.devices.device_list import Device, DeviceList, PhysicalDevice
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ class DeviceNode:
 class ContainerAllocation:
     envs: dict[str, str]
     device_nodes: tuple[DeviceNode, ...]
+    cdi_devices: tuple[str, ...] = ()
+    """Fully qualified CDI names (``deviceListStrategy: cdi``); the device nodes are then in the
+    CDI spec, not in ``device_nodes``."""
 
 
 def check_container_count(containers: int, devices: DeviceList) -> None:
@@ -106,10 +110,14 @@ def allocate_container(
             + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
             + f": not among the {len(devices.devices)} devices this plugin advertises"
         )
-    if devices.shared and config.sharing.time_slicing.fail_requests_greater_than_one and len(device_ids) > 1:
+    # As NVIDIA's plugin decides it: the request fails when it holds a replica at all, so a list
+    # that shares only some devices still hands out its whole devices in any number.
+    replicas = sum(1 for i in device_ids if devices.by_id[i].replica is not None)
+    if replicas and len(device_ids) > 1 and config.sharing.time_slicing.fail_requests_greater_than_one:
         raise AllocationError(
-            f"{len(device_ids)} shared devices requested but sharing.timeSlicing.failRequestsGreaterThanOne "
-            "is set: a time-sliced replica is not a whole GPU, request 1"
+            f"request for {len(device_ids)} devices refused: the maximum request size for shared "
+            "resources is 1 (sharing.timeSlicing.failRequestsGreaterThanOne); a time-sliced replica "
+            "is not a whole GPU, request 1"
         )
     physical: dict[str, PhysicalDevice] = {}
     for device_id in device_ids:
@@ -123,8 +131,11 @@ def allocate_container(
     else:
         visible = ",".join(c.uuid for c in chips)
     envs = {vendor.visible_devices_env: visible}
-    if devices.shared:
+    if replicas:
         envs[REPLICA_DEVICES_ENV] = ",".join(device_ids)
+    if config.device_list_strategy is DeviceListStrategy.CDI:
+        names = tuple(qualified_name(vendor, device_id) for device_id in device_ids)
+        return ContainerAllocation(envs=envs, device_nodes=(), cdi_devices=names)
     return ContainerAllocation(envs=envs, device_nodes=tuple(nodes))
 
 

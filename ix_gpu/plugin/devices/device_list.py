@@ -7,13 +7,17 @@ The vendor plugin's semantics, which operators' capacity planning already relies
 * ``splitboard: true`` — one device per chip, named by the chip's UUID.
 * ``replicas: R`` (R > 1) — each of those devices is advertised R times as ``<id>::<i>``.
   ``replicas: 1`` keeps the plain IDs, so turning sharing off does not rename devices.
+* NVIDIA's ``devices`` selection (see :mod:`ix_gpu.plugin.devices.sharing`) replicates only some
+  devices; the others keep their plain IDs in the same list, as in NVIDIA's plugin. A chip index or
+  UUID selects the device holding that chip: with ``splitboard: false``, the whole board.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ix_gpu.devicemodel.plugin_config import DeviceSelection
 from ix_gpu.plugin.backends.base import Chip
 
 REPLICA_SEPARATOR = "::"
@@ -63,6 +67,7 @@ class DeviceList:
     physical: tuple[PhysicalDevice, ...]
     devices: tuple[Device, ...]
     replicas: int
+    """Replicas per shared device (1: nothing is shared)."""
     by_id: Mapping[str, Device] = field(repr=False, compare=False)
 
     @property
@@ -105,13 +110,46 @@ def replica_id(physical_id: str, replica: int) -> str:
     return f"{physical_id}{REPLICA_SEPARATOR}{replica}"
 
 
-def build_device_list(chips: Iterable[Chip], *, splitboard: bool, replicas: int) -> DeviceList:
+def selected(physical: Sequence[PhysicalDevice], selection: DeviceSelection, key: str) -> set[str]:
+    """IDs of the physical devices ``selection`` names; ``key`` is the config key, for messages.
+
+    A count takes the first devices in list order (what ``ix-gpu devices`` prints). An index or UUID
+    that no chip on this node has is an error, as in NVIDIA's plugin: sharing the wrong GPU, or
+    none, because of a typo is worse than refusing the new config."""
+    if selection == "all":
+        return {phys.id for phys in physical}
+    if isinstance(selection, int):
+        if selection > len(physical):
+            raise ValueError(
+                f"{key}.devices: {selection} devices to share, but this node has {len(physical)}"
+            )
+        return {phys.id for phys in physical[:selection]}
+    holder = {ref: phys.id for phys in physical for chip in phys.chips for ref in (chip.index, chip.uuid)}
+    missing = [ref for ref in selection if ref not in holder]
+    if missing and physical:  # no chips at all (not discovered yet): nothing to select, no error
+        what = "index" if isinstance(missing[0], int) else "UUID"
+        raise ValueError(f"{key}.devices: no chip with {what} {missing[0]!r} on this node")
+    return {holder[ref] for ref in selection if ref in holder}
+
+
+def build_device_list(
+    chips: Iterable[Chip],
+    *,
+    splitboard: bool,
+    replicas: int,
+    shared: DeviceSelection = "all",
+    key: str = "sharing.timeSlicing",
+) -> DeviceList:
+    """The advertised list: ``replicas`` per device that ``shared`` selects, one of every other.
+    ``key`` names the config entry that chose ``shared``, for the error when it selects a chip
+    this node does not have."""
     if replicas < 1:
         raise ValueError(f"replicas must be at least 1, got {replicas}")
     physical = physical_devices(chips, splitboard)
+    replicated = selected(physical, shared, key) if replicas > 1 else set()
     devices: list[Device] = []
     for phys in physical:
-        if replicas == 1:
+        if phys.id not in replicated:
             devices.append(Device(id=phys.id, physical=phys))
         else:
             devices.extend(

@@ -14,19 +14,22 @@ import signal
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig
-from ix_gpu.devicemodel.schema_base import parse_yaml
+from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig, parse_plugin_yaml
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
 from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.devices.health import HealthTracker
+from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.node_labels import NodeLabeler, node_labels
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
-from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.reload import LastGoodFiles
+
+if TYPE_CHECKING:
+    from ix_gpu.runtime.kube import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ class PluginApp:
             LastGoodFiles(
                 "config",
                 [settings.config_path],
-                lambda contents: parse_yaml(PluginConfig, contents[0], str(settings.config_path)),
+                lambda contents: parse_plugin_yaml(contents[0], str(settings.config_path)),
                 loaded=[loaded_content] if loaded_content is not None else None,
                 record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
                 logger=log,
@@ -88,8 +91,12 @@ class PluginApp:
         """Set once the first discovery has been published (the benchmark and tests wait on it)."""
 
     @property
+    def sharing(self) -> SharingPlan:
+        return plan_sharing(self.config, self.backend.vendor.resource_name)
+
+    @property
     def resource_name(self) -> str:
-        return self.config.resource_name or self.backend.vendor.resource_name
+        return self.sharing.resource
 
     def check_socket_path(self) -> None:
         path = self.settings.device_plugin_dir / socket_name_for(self.resource_name)
@@ -123,9 +130,11 @@ class PluginApp:
         log.info(
             "config reloaded: splitboard=%s replicas=%d resourceName=%s",
             config.flags.splitboard,
-            config.replicas,
+            self.sharing.replicas,
             self.resource_name,
         )
+        for note in self.sharing.notes:
+            log.warning("config %s: %s", self.settings.config_path, note)
         if self.resource_name != old_resource:
             self.registrar.request_reregister()
         return True
@@ -155,8 +164,13 @@ class PluginApp:
         await self._reload_config()
         self._poll_backend()
         try:
+            plan = self.sharing
             devices = build_device_list(
-                self._chips, splitboard=self.config.flags.splitboard, replicas=self.config.replicas
+                self._chips,
+                splitboard=self.config.flags.splitboard,
+                replicas=plan.replicas,
+                shared=plan.devices,
+                key=plan.key,
             )
         except ValueError as exc:
             log.error("cannot build the device list: %s", exc)

@@ -12,9 +12,7 @@ import contextlib
 import logging
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from ix_gpu.plugin.server.metrics import PluginMetrics
+from ix_gpu.plugin.server.metrics import CONTENT_TYPE, PluginMetrics
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +41,7 @@ def respond(app: HealthSource, method: str, path: str) -> bytes:
             return _response("503 Service Unavailable", "text/plain", ("\n".join(problems) + "\n").encode())
         return _response("200 OK", "text/plain", b"ok\n")
     if path == "/metrics":
-        return _response("200 OK", CONTENT_TYPE_LATEST, generate_latest(app.metrics.registry))
+        return _response("200 OK", CONTENT_TYPE, app.metrics.render())
     return _response("404 Not Found", "text/plain", b"not found: try /healthz or /metrics\n")
 
 

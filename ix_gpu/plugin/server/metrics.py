@@ -1,59 +1,216 @@
-"""Prometheus metrics of the device plugin, in a registry of their own.
+"""Prometheus metrics of the device plugin, kept in plain numbers and written as text by hand.
 
-A private registry (not the process-global default) lets tests and the benchmark run several
-plugins in one process without "duplicated timeseries" errors.
+The plugin runs on every GPU node, so its memory is multiplied by the fleet: importing
+prometheus_client would add about 2 MiB to a process that needs seven series. What the plugin
+needs of it is small: counters, two gauges and one histogram, and the text exposition format
+(version 0.0.4). The metric names, labels and sample values are the ones prometheus_client wrote
+before (``tests/plugin/test_plugin_metrics.py`` renders both and compares them, and parses ours with
+prometheus_client's parser); only its ``*_created`` series are left out.
+
+Every instance owns its metrics (nothing process-global), so tests and the benchmark can run
+several plugins in one process.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import math
+import threading
+from collections.abc import Iterator, Sequence
 
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def format_value(value: float) -> str:
+    """A sample value as Go and prometheus_client write it (``1.0``, ``+Inf``, ``1e+06``)."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    text = repr(float(value))
+    dot = text.find(".")
+    if value > 0 and dot > 6:  # Go switches to an exponent sooner than Python's repr
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def _labels_text(names: Sequence[str], values: Sequence[str]) -> str:
+    if not names:
+        return ""
+    return "{" + ",".join(f'{n}="{_escape_label(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+class Value:
+    """One series' number. A lock, because the config file is polled (and its reload counted) in a
+    worker thread while the loop counts Allocates."""
+
+    __slots__ = ("_lock", "_value")
+
+    def __init__(self) -> None:
+        self._value = 0.0
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1.0) -> None:
+        with self._lock:
+            self._value += amount
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self._value = float(value)
+
+    def get(self) -> float:
+        return self._value
+
+
+class _Family:
+    kind = ""
+    suffix = ""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], Value] = {}
+        if not self.labelnames:
+            self._children[()] = Value()
+
+    def labels(self, **values: str) -> Value:
+        """The series for these label values, created at zero on first use (as prometheus_client)."""
+        if set(values) != set(self.labelnames):
+            raise ValueError(f"{self.name} takes the labels {self.labelnames}, not {tuple(values)}")
+        key = tuple(values[n] for n in self.labelnames)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children.setdefault(key, Value())
+        return child
+
+    def _unlabelled(self) -> Value:
+        if self.labelnames:
+            raise ValueError(f"{self.name} needs its labels {self.labelnames}")
+        return self._children[()]
+
+    def get(self) -> float:
+        return self._unlabelled().get()
+
+    def render(self) -> Iterator[str]:
+        name = self.name + self.suffix
+        yield f"# HELP {name} {_escape_help(self.documentation)}"
+        yield f"# TYPE {name} {self.kind}"
+        for key, child in list(self._children.items()):
+            yield f"{name}{_labels_text(self.labelnames, key)} {format_value(child.get())}"
+
+
+class Counter(_Family):
+    """Exposed as ``<name>_total``, as prometheus_client names a counter."""
+
+    kind = "counter"
+    suffix = "_total"
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._unlabelled().inc(amount)
+
+
+class Gauge(_Family):
+    kind = "gauge"
+
+
+class Histogram:
+    """Cumulative buckets, ``_count`` and ``_sum``; unlabelled (the plugin's one histogram is)."""
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = (*sorted(float(b) for b in buckets), math.inf)
+        self._counts = [0] * len(self.bounds)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, amount: float) -> None:
+        with self._lock:
+            self._sum += amount
+            for i, bound in enumerate(self.bounds):
+                if amount <= bound:
+                    self._counts[i] += 1
+                    break
+
+    @property
+    def count(self) -> int:
+        return sum(self._counts)
+
+    def render(self) -> Iterator[str]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        yield f"# HELP {self.name} {_escape_help(self.documentation)}"
+        yield f"# TYPE {self.name} histogram"
+        cumulative = 0
+        for bound, n in zip(self.bounds, counts, strict=True):
+            cumulative += n
+            yield f'{self.name}_bucket{{le="{format_value(bound)}"}} {format_value(cumulative)}'
+        yield f"{self.name}_count {format_value(cumulative)}"
+        yield f"{self.name}_sum {format_value(total)}"
 
 
 class PluginMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
         self.devices = Gauge(
             "ix_gpu_plugin_devices",
             "Devices advertised to the kubelet, by health",
             ["health"],
-            registry=self.registry,
         )
         self.registrations = Counter(
             "ix_gpu_plugin_registrations",
             "Register calls to the kubelet, by result",
             ["result"],
-            registry=self.registry,
         )
         self.allocations = Counter(
             "ix_gpu_plugin_allocations",
             "Allocate container requests, by result",
             ["result"],
-            registry=self.registry,
         )
         self.allocate_seconds = Histogram(
             "ix_gpu_plugin_allocate_duration_seconds",
             "Time to answer one Allocate call",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1),
-            registry=self.registry,
         )
         self.health_transitions = Counter(
             "ix_gpu_plugin_health_transitions",
             "Chip health transitions, by the state entered",
             ["to"],
-            registry=self.registry,
         )
         self.backend_errors = Counter(
             "ix_gpu_plugin_backend_errors",
             "Health checks in which the management library failed",
-            registry=self.registry,
         )
         self.config_reloads = Counter(
             "ix_gpu_plugin_config_reloads",
             "Config file changes seen, by result (success, error)",
             ["result"],
-            registry=self.registry,
         )
         for health in (HEALTHY, UNHEALTHY):
             self.devices.labels(health=health).set(0)
+
+    def families(self) -> tuple[_Family | Histogram, ...]:
+        return (
+            self.devices,
+            self.registrations,
+            self.allocations,
+            self.allocate_seconds,
+            self.health_transitions,
+            self.backend_errors,
+            self.config_reloads,
+        )
+
+    def render(self) -> bytes:
+        """The text exposition format, version 0.0.4 (what ``/metrics`` serves)."""
+        lines = [line for family in self.families() for line in family.render()]
+        return ("\n".join(lines) + "\n").encode()

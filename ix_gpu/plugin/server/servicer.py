@@ -2,19 +2,25 @@
 
 It knows nothing about libixml or NVML, only the current
 :class:`~ix_gpu.plugin.devices.device_state.Snapshot`.
+
+Served with grpclib (pure asyncio over h2) rather than grpcio: grpcio's C core costs the process
+about 9 MiB more, and the kubelet's grpc-go client is the only one that calls us. Each call is
+split in two: a method that maps a request message to a response message (``allocate``,
+``preferred_allocation``; what the benchmark times alone), and the grpclib handler that reads the
+request from the stream, sends the answer and turns a refusal into ``INVALID_ARGUMENT``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-import grpc
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
-from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from ix_gpu.plugin.api.deviceplugin_v1beta1_grpc import DevicePluginBase
 from ix_gpu.plugin.devices.allocation import (
     AllocationError,
     allocate_container,
@@ -26,13 +32,22 @@ from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.runtime.outcomes import ERROR, SUCCESS
 
+if TYPE_CHECKING:
+    from grpclib.server import Stream
+
 log = logging.getLogger(__name__)
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
 
 MAX_STATUS_DETAILS = 1024
 """Longest status message the plugin sends. Details travel in HTTP/2 headers that gRPC clients cap
 (16 KiB in C-core, the kubelet's Go client similar); a longer one is not delivered at all, and the
 kubelet sees RESOURCE_EXHAUSTED instead of the INVALID_ARGUMENT and the reason. Messages from
 :mod:`~ix_gpu.plugin.devices.allocation` are already short; this bound holds whatever they become."""
+
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+"""What GetDevicePluginOptions answers, and what Register announces."""
 
 
 def list_and_watch_response(snapshot: Snapshot) -> pb.ListAndWatchResponse:
@@ -44,32 +59,36 @@ def list_and_watch_response(snapshot: Snapshot) -> pb.ListAndWatchResponse:
     return pb.ListAndWatchResponse(devices=devices)
 
 
-class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+class Rejected(Exception):
+    """A request the plugin refuses; the handler answers INVALID_ARGUMENT with ``details``."""
+
+    def __init__(self, call: str, reason: AllocationError) -> None:
+        self.details = clip(str(reason), MAX_STATUS_DETAILS)
+        super().__init__(f"{call} rejected: {self.details}")
+
+
+async def _request(stream: Stream[Request, Response]) -> Request:
+    request = await stream.recv_message()
+    if request is None:  # the client half-closed without a message; no gRPC client does that
+        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+    return request
+
+
+class DevicePluginServicer(DevicePluginBase):
     def __init__(self, state: DeviceState, metrics: PluginMetrics) -> None:
         self.state = state
         self.metrics = metrics
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+    # -- the calls, message in and message out ------------------------------------------------
 
-    async def ListAndWatch(self, request: pb.Empty, context: Any) -> AsyncIterator[pb.ListAndWatchResponse]:
-        # Never returns on its own: the kubelet marks every device Unhealthy when this stream
-        # ends. It ends only at shutdown, after the all-Unhealthy snapshot has been sent.
-        log.info("kubelet opened ListAndWatch")
-        async for snapshot in self.state.watch():
-            yield list_and_watch_response(snapshot)
-        log.info("ListAndWatch stream closed (shutting down)")
-
-    async def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, context: Any
-    ) -> pb.PreferredAllocationResponse:
+    def preferred_allocation(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         snapshot = self.state.snapshot
         try:
             check_container_count(len(request.container_requests), snapshot.devices)
         except AllocationError as exc:
             # preferred_allocation never fails a real request; this one no kubelet sends, and
             # answering it would take seconds of work.
-            await self._reject(context, "GetPreferredAllocation", exc)
+            raise Rejected("GetPreferredAllocation", exc) from None
         responses = []
         for req in request.container_requests:
             ids = preferred_allocation(
@@ -82,7 +101,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
-    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    def allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
         started = time.perf_counter()
         snapshot = self.state.snapshot
         responses = []
@@ -90,7 +109,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             check_container_count(len(request.container_requests), snapshot.devices)
         except AllocationError as exc:
             self.metrics.allocations.labels(result=ERROR).inc()
-            await self._reject(context, "Allocate", exc)
+            raise Rejected("Allocate", exc) from None
         for req in request.container_requests:
             try:
                 allocation = allocate_container(
@@ -102,7 +121,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 )
             except AllocationError as exc:
                 self.metrics.allocations.labels(result=ERROR).inc()
-                await self._reject(context, "Allocate", exc)
+                raise Rejected("Allocate", exc) from None
             self.metrics.allocations.labels(result=SUCCESS).inc()
             responses.append(
                 pb.ContainerAllocateResponse(
@@ -113,24 +132,55 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                         )
                         for n in allocation.device_nodes
                     ],
+                    cdi_devices=[pb.CDIDevice(name=name) for name in allocation.cdi_devices],
                 )
             )
         self.metrics.allocate_seconds.observe(time.perf_counter() - started)
         return pb.AllocateResponse(container_responses=responses)
 
-    @staticmethod
-    async def _reject(context: Any, call: str, exc: AllocationError) -> NoReturn:
-        """End the call with INVALID_ARGUMENT and the reason, bounded for the wire and the log."""
-        details = clip(str(exc), MAX_STATUS_DETAILS)
-        log.warning("%s rejected: %s", call, details)
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, details)
-        raise exc  # abort raises; this line is for type checkers
+    # -- grpclib handlers ---------------------------------------------------------------------
+
+    async def GetDevicePluginOptions(self, stream: Stream[pb.Empty, pb.DevicePluginOptions]) -> None:
+        await _request(stream)
+        await stream.send_message(OPTIONS)
+
+    async def ListAndWatch(self, stream: Stream[pb.Empty, pb.ListAndWatchResponse]) -> None:
+        # Never returns on its own: the kubelet marks every device Unhealthy when this stream
+        # ends. It ends only at shutdown, after the all-Unhealthy snapshot has been sent (returning
+        # then sends the OK trailers). A kubelet that goes away resets the stream, and grpclib
+        # cancels this task: the watch's ``finally`` still runs.
+        await _request(stream)
+        log.info("kubelet opened ListAndWatch")
+        async for snapshot in self.state.watch():
+            await stream.send_message(list_and_watch_response(snapshot))
+        log.info("ListAndWatch stream closed (shutting down)")
+
+    async def GetPreferredAllocation(
+        self, stream: Stream[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse]
+    ) -> None:
+        request = await _request(stream)
+        try:
+            response = self.preferred_allocation(request)
+        except Rejected as exc:
+            self._reject(exc)
+        await stream.send_message(response)
+
+    async def Allocate(self, stream: Stream[pb.AllocateRequest, pb.AllocateResponse]) -> None:
+        request = await _request(stream)
+        try:
+            response = self.allocate(request)
+        except Rejected as exc:
+            self._reject(exc)
+        await stream.send_message(response)
 
     async def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, context: Any
-    ) -> pb.PreStartContainerResponse:
-        return pb.PreStartContainerResponse()
+        self, stream: Stream[pb.PreStartContainerRequest, pb.PreStartContainerResponse]
+    ) -> None:
+        await _request(stream)
+        await stream.send_message(pb.PreStartContainerResponse())
 
-
-def add_to_server(servicer: DevicePluginServicer, server: Any) -> None:
-    pb_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    @staticmethod
+    def _reject(exc: Rejected) -> NoReturn:
+        """End the call with INVALID_ARGUMENT and the reason, bounded for the wire and the log."""
+        log.warning("%s", exc)
+        raise GRPCError(Status.INVALID_ARGUMENT, exc.details) from None

@@ -1,0 +1,149 @@
+"""The plugin's hand-written /metrics text: what prometheus_client wrote before, and valid 0.0.4 text.
+
+The plugin process does not import prometheus_client (it would cost every GPU node about 2 MiB);
+this test may, since tests are not the plugin process. It builds prometheus_client metrics from the
+plugin's own definitions, replays the same updates on both, and compares the text line for line,
+less prometheus_client's ``*_created`` series. Then prometheus_client's parser reads ours back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Counter as ReferenceCounter
+from prometheus_client import Gauge as ReferenceGauge
+from prometheus_client import Histogram as ReferenceHistogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from ix_gpu.plugin.server.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, PluginMetrics, format_value
+
+Update = Callable[[Any], None]
+"""One update, applied to a PluginMetrics or to its prometheus_client twin (same attribute names)."""
+
+UPDATES: list[Update] = [
+    lambda m: m.registrations.labels(result="success").inc(),
+    lambda m: m.registrations.labels(result="error").inc(),
+    lambda m: m.registrations.labels(result="success").inc(),
+    lambda m: m.allocations.labels(result="success").inc(3),
+    lambda m: m.allocate_seconds.observe(0.0003),
+    lambda m: m.allocate_seconds.observe(0.0005),  # on a bucket bound: counted in that bucket
+    lambda m: m.allocate_seconds.observe(0.0042),
+    lambda m: m.allocate_seconds.observe(7.5),  # only +Inf
+    lambda m: m.devices.labels(health="Healthy").set(16),
+    lambda m: m.devices.labels(health="Unhealthy").set(2),
+    lambda m: m.health_transitions.labels(to="Unhealthy").inc(),
+    lambda m: m.backend_errors.inc(),
+    lambda m: m.config_reloads.labels(result="error").inc(),
+]
+
+
+class Reference:
+    """prometheus_client metrics with the plugin's names, help, labels and buckets."""
+
+    def __init__(self, ours: PluginMetrics) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        for attribute, family in vars(ours).items():
+            if isinstance(family, Histogram):
+                twin: Any = ReferenceHistogram(
+                    family.name, family.documentation, buckets=family.bounds, registry=self.registry
+                )
+            else:
+                kind = ReferenceCounter if isinstance(family, Counter) else ReferenceGauge
+                assert isinstance(family, Counter | Gauge)
+                twin = kind(family.name, family.documentation, family.labelnames, registry=self.registry)
+            setattr(self, attribute, twin)
+        for health in ("Healthy", "Unhealthy"):
+            self.devices.labels(health=health).set(0)  # type: ignore[attr-defined]
+
+
+def without_created(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "_created" not in line]
+
+
+@pytest.mark.parametrize("updates", [0, 1, len(UPDATES)], ids=["fresh", "one-update", "all-updates"])
+def test_text_is_what_prometheus_client_wrote(updates: int) -> None:
+    ours = PluginMetrics()
+    reference = Reference(ours)
+    for update in UPDATES[:updates]:
+        update(ours)
+        update(reference)
+    assert without_created(ours.render().decode()) == without_created(
+        generate_latest(reference.registry).decode()
+    )
+
+
+def test_prometheus_parser_reads_every_series() -> None:
+    metrics = PluginMetrics()
+    for update in UPDATES:
+        update(metrics)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    assert {name: f.type for name, f in families.items()} == {
+        "ix_gpu_plugin_devices": "gauge",
+        "ix_gpu_plugin_registrations": "counter",
+        "ix_gpu_plugin_allocations": "counter",
+        "ix_gpu_plugin_allocate_duration_seconds": "histogram",
+        "ix_gpu_plugin_health_transitions": "counter",
+        "ix_gpu_plugin_backend_errors": "counter",
+        "ix_gpu_plugin_config_reloads": "counter",
+    }
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
+    assert samples[("ix_gpu_plugin_registrations_total", (("result", "success"),))] == 2
+    assert samples[("ix_gpu_plugin_registrations_total", (("result", "error"),))] == 1
+    assert samples[("ix_gpu_plugin_devices", (("health", "Healthy"),))] == 16
+    assert samples[("ix_gpu_plugin_allocate_duration_seconds_bucket", (("le", "0.0005"),))] == 2
+    assert samples[("ix_gpu_plugin_allocate_duration_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert samples[("ix_gpu_plugin_allocate_duration_seconds_count", ())] == 4
+    assert samples[("ix_gpu_plugin_allocate_duration_seconds_sum", ())] == pytest.approx(7.505)
+    assert samples[("ix_gpu_plugin_backend_errors_total", ())] == 1
+
+
+def test_content_type_is_the_classic_text_format() -> None:
+    """0.0.4, which every Prometheus reads. (prometheus_client 0.26 announces 1.0.0, the same text
+    plus quoted UTF-8 names, which the plugin's ASCII names never need.)"""
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
+    assert CONTENT_TYPE_LATEST.startswith("text/plain; version=")
+
+
+def test_label_values_and_help_are_escaped() -> None:
+    family = Gauge("ix_gpu_test", 'help with \\ and\nnewline "quoted"', ["what"])
+    family.labels(what='a "b" \\ c\nd').set(1)
+    text = "\n".join(family.render()) + "\n"
+    (parsed,) = text_string_to_metric_families(text)
+    assert parsed.documentation == 'help with \\ and\nnewline "quoted"'
+    assert parsed.samples[0].labels == {"what": 'a "b" \\ c\nd'}
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0, "0.0"),
+        (1, "1.0"),
+        (2.5, "2.5"),
+        (0.0005, "0.0005"),
+        (123456.0, "123456.0"),
+        (1234567.0, "1.234567e+06"),
+        (1e20, "1e+20"),
+        (math.inf, "+Inf"),
+        (-math.inf, "-Inf"),
+        (math.nan, "NaN"),
+    ],
+)
+def test_values_are_written_as_prometheus_client_writes_them(value: float, text: str) -> None:
+    from prometheus_client.utils import floatToGoString
+
+    assert format_value(value) == text == floatToGoString(value)
+
+
+def test_labels_must_match_the_declared_names() -> None:
+    metrics = PluginMetrics()
+    with pytest.raises(ValueError, match="takes the labels"):
+        metrics.allocations.labels(outcome="success")
+    with pytest.raises(ValueError, match="needs its labels"):
+        metrics.allocations.get()
