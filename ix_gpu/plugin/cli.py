@@ -1,4 +1,5 @@
-"""``ix-gpu plugin`` (run the device plugin) and ``ix-gpu devices`` (show what it would advertise).
+"""``ix-gpu plugin`` (run the device plugin), ``ix-gpu devices`` (show what it would advertise) and
+``ix-gpu cdi generate`` (write the CDI spec for it).
 
 Registration imports nothing heavy: grpclib, pydantic models and backends are imported by the
 handlers, so ``ix-gpu mutate`` never pays for them; and the plugin imports only the backend it runs.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -17,6 +19,7 @@ from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_config import PluginConfig
     from ix_gpu.plugin.backends.base import Backend
+    from ix_gpu.plugin.devices.device_list import DeviceList
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.devicemodel.plugin_config.DEFAULT_PATH, without pydantic
@@ -66,6 +69,32 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     _add_common(devices)
     devices.set_defaults(handler=run_devices)
+
+    cdi = subparsers.add_parser("cdi", help="Container Device Interface specs for the advertised devices")
+    cdi_sub = cdi.add_subparsers(dest="cdi_command", metavar="SUBCOMMAND")
+    cdi_sub.required = True
+    generate = cdi_sub.add_parser(
+        "generate",
+        help="write the CDI spec for the devices the plugin would advertise",
+        description=(
+            "Discover GPUs and write the CDI spec (kind iluvatar.com/gpu or nvidia.com/gpu): one CDI "
+            "device per advertised device, replicas included, each with its chips' device nodes; "
+            "shared edits: the control nodes, the driver root mounted read-only and LD_LIBRARY_PATH "
+            "(none for NVIDIA, whose toolkit provides the driver). Written atomically to "
+            "<cdi.specDir>/<vendor>-<class>.json (default /var/run/cdi); unchanged content is not "
+            "rewritten. The plugin writes the same spec itself with deviceListStrategy: cdi."
+        ),
+    )
+    _add_common(generate)
+    generate.add_argument(
+        "--output", metavar="FILE", help="write here instead (- for stdout) (default: in cdi.specDir)"
+    )
+    generate.add_argument(
+        "--driver-root",
+        metavar="DIR",
+        help="host driver directory to mount (default: cdi.driverRoot, else the vendor's)",
+    )
+    generate.set_defaults(handler=run_cdi_generate)
 
 
 class LoadedConfig(NamedTuple):
@@ -159,12 +188,18 @@ def run_plugin(args: argparse.Namespace) -> int:
     return asyncio.run(main())
 
 
-def run_devices(args: argparse.Namespace) -> int:
-    import sys
+class Discovered(NamedTuple):
+    config: PluginConfig
+    backend: Backend
+    resource: str
+    devices: DeviceList
 
+
+def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
+    """Config, backend and the device list the plugin would advertise; None after printing why
+    not (the environment, not the command line: exit 1)."""
     from ix_gpu.plugin.backends.base import BackendError
     from ix_gpu.plugin.devices.device_list import build_device_list
-    from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
     from ix_gpu.plugin.devices.sharing import plan_sharing
 
     config = _load_config(args).config
@@ -172,11 +207,11 @@ def run_devices(args: argparse.Namespace) -> int:
         backend = _make_backend(args)
         chips = backend.chips()
     except (BackendStartError, BackendError) as exc:
-        print(f"ix-gpu devices: {exc}")
-        return 1
+        print(f"ix-gpu {command}: {exc}")
+        return None
     plan = plan_sharing(config, backend.vendor.resource_name)
     for note in plan.notes:
-        print(f"ix-gpu devices: note: {note}", file=sys.stderr)
+        print(f"ix-gpu {command}: note: {note}", file=sys.stderr)
     try:
         devices = build_device_list(
             chips,
@@ -186,9 +221,20 @@ def run_devices(args: argparse.Namespace) -> int:
             key=plan.key,
         )
     except ValueError as exc:
-        print(f"ix-gpu devices: {exc}")
+        print(f"ix-gpu {command}: {exc}")
+        return None
+    return Discovered(config, backend, plan.resource, devices)
+
+
+def run_devices(args: argparse.Namespace) -> int:
+    from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
+
+    found = _discover(args, "devices")
+    if found is None:
         return 1
-    print(f"# backend {backend.name}, resource {plan.resource}, {len(devices.devices)} devices")
+    backend, devices = found.backend, found.devices
+    plan_resource = found.resource
+    print(f"# backend {backend.name}, resource {plan_resource}, {len(devices.devices)} devices")
     rows = [("ID", "CHIPS", "BOARD", "MINOR", "NUMA", "MEMORY", "HEALTH")]
     for device in devices.devices:
         phys = device.physical
@@ -208,4 +254,33 @@ def run_devices(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])
     backend.close()
+    return 0
+
+
+def run_cdi_generate(args: argparse.Namespace) -> int:
+    from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, render, spec_path, write_spec
+
+    found = _discover(args, "cdi generate")
+    if found is None:
+        return 1
+    vendor = found.backend.vendor
+    driver_root = args.driver_root or found.config.cdi.driver_root
+    try:
+        spec = cdi_spec(found.devices, vendor, found.backend.control_nodes(), driver_root=driver_root)
+    except CdiError as exc:
+        print(f"ix-gpu cdi generate: {exc}")
+        return 1
+    finally:
+        found.backend.close()
+    if args.output == "-":
+        sys.stdout.write(render(spec).decode())
+        return 0
+    path = Path(args.output) if args.output else spec_path(found.config.cdi.spec_dir, vendor)
+    try:
+        changed = write_spec(spec, path)
+    except OSError as exc:
+        print(f"ix-gpu cdi generate: cannot write {path}: {exc}")
+        return 1
+    what = f"{len(spec['devices'])} {vendor.resource_name} devices"
+    print(f"{'wrote' if changed else 'unchanged:'} {path} ({what})")
     return 0

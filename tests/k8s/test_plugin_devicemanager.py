@@ -4,16 +4,21 @@ flips from the fake devices file and the all-Unhealthy farewell on SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from tests.k8s.k8s_tier import KubeletHarness
 from tests.k8s.plugin_process import RESOURCE, chip_uuids, devices_yaml, example_devices, poll, seed_config
+from tests.support.paths import ROOT
 from tests.support.plugin_process import PluginProcess
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,6 +27,7 @@ REGISTER_S = 20.0
 
 MINOR = {c["uuid"]: c["minor"] for b in example_devices()["boards"] for c in b["chips"]}
 CONTROL_NODES = example_devices()["controlNodes"]
+CDI_SCHEMA = json.loads((ROOT / "tests" / "plugin" / "data" / "cdi-spec.schema.json").read_text())
 
 StartPlugin = Callable[..., tuple[KubeletHarness, PluginProcess]]
 
@@ -240,3 +246,63 @@ def test_nvidia_format_fail_requests_greater_than_one(start_plugin: StartPlugin)
     assert one["ok"], one
     (device,) = one["device_ids"][SHARED]
     assert "::" in device
+
+
+# --------------------------------------------------------------------------- CDI
+
+
+def test_cdi_strategy_the_kubelet_gets_cdi_names_that_resolve_in_the_written_spec(
+    start_plugin: StartPlugin, tmp_path: Path
+) -> None:
+    """deviceListStrategy: cdi: the plugin writes the spec before it advertises, Allocate answers
+    fully qualified CDI names (no device specs; the spec has the nodes) plus the visible-devices
+    variable, and every name the kubelet reports resolves to a device of the spec, which is valid
+    against the schema written from the CDI spec's documented fields."""
+    spec_dir = tmp_path / "cdi"
+    cdi = f"deviceListStrategy: cdi\ncdi:\n  specDir: {spec_dir}\n"
+    config = seed_config(splitboard=False, replicas=2) + cdi
+    harness, _ = start_plugin(devices_yaml(), config)
+    spec_file = spec_dir / "iluvatar.com-gpu.json"
+    spec = json.loads(spec_file.read_text())
+    jsonschema.validate(spec, CDI_SCHEMA)
+    names = {device["name"]: device for device in spec["devices"]}
+    assert len(names) == 4  # two boards x 2 replicas
+
+    reply = allocate(harness, "a", 1)
+    assert reply["ok"], reply
+    assert reply["devices"] == [] and reply["mounts"] == []
+    (cdi_name,) = reply["cdi_devices"]  # the harness reports the names
+    kind, _, name = cdi_name.partition("=")
+    assert kind == RESOURCE and name in names
+    (device_id,) = reply["device_ids"][RESOURCE]
+    assert name == device_id
+    envs = {e["name"]: e["value"] for e in reply["envs"]}
+    board_chips = next(chips for chips in chip_uuids() if device_id.startswith(chips[0]))
+    assert sorted(envs["IX_VISIBLE_DEVICES"].split(",")) == sorted(board_chips)
+    nodes = [n["path"] for n in names[name]["containerEdits"]["deviceNodes"]]
+    assert sorted(nodes) == sorted(f"/dev/iluvatar{MINOR[u]}" for u in board_chips)
+    assert spec["containerEdits"]["env"] == ["LD_LIBRARY_PATH=/usr/local/corex/lib64"]
+
+
+def test_cdi_strategy_with_an_unwritable_spec_dir_advertises_nothing(
+    kubelet_harness: Callable[..., KubeletHarness], k8s_log_dir: Path, tmp_path: Path
+) -> None:
+    """Pods must wait, not fail with "unresolvable CDI devices": no spec, no devices."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    config = seed_config() + f"deviceListStrategy: cdi\ncdi:\n  specDir: {blocker}/cdi\n"
+    harness = kubelet_harness()
+    name = "ix-gpu-plugin-cdi-blocked"
+    plugin = PluginProcess(tmp_path / "plugin", harness.dir, devices_yaml(), config, k8s_log_dir, name=name)
+    plugin.start()
+    try:
+        wait_until(
+            lambda: "cannot write the CDI spec" in plugin.log.read_text(),
+            "the plugin to say it cannot write the spec",
+            REGISTER_S,
+            details=plugin.log_tail,
+        )
+        time.sleep(1.0)  # a registration, had there been one with devices, has happened by now
+        assert harness.capacity()["capacity"].get(RESOURCE, 0) == 0
+    finally:
+        plugin.stop()

@@ -168,3 +168,34 @@ def test_written_atomically_and_only_when_changed(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary files left
     assert render(first).endswith(b"\n")
     assert not os.access(path.parent / f".{path.name}.tmp", os.F_OK)
+
+
+def test_cdi_generate_command_writes_the_spec_for_what_the_plugin_would_advertise(tmp_path: Path) -> None:
+    from tests.support.cli import ix_gpu
+    from tests.support.paths import FAKE_DEVICES
+
+    config = tmp_path / "ix-config"
+    config.write_text(f"sharing:\n  timeSlicing:\n    replicas: 2\ncdi:\n  specDir: {tmp_path / 'cdi'}\n")
+    args = (
+        "cdi",
+        "generate",
+        "--backend",
+        "fake",
+        "--fake-devices",
+        str(FAKE_DEVICES),
+        "--config",
+        str(config),
+    )
+    first = ix_gpu(*args, check=True)
+    path = tmp_path / "cdi" / "iluvatar.com-gpu.json"
+    assert first.stdout.strip() == f"wrote {path} (4 iluvatar.com/gpu devices)"
+    spec = json.loads(path.read_text())
+    _valid(spec)
+    devices = ix_gpu(
+        "devices", "--backend", "fake", "--fake-devices", str(FAKE_DEVICES), "--config", str(config)
+    )
+    advertised = {line.split()[0] for line in devices.stdout.splitlines()[2:]}
+    assert {d["name"] for d in spec["devices"]} == advertised
+    assert ix_gpu(*args, check=True).stdout.startswith("unchanged:")
+    printed = ix_gpu(*args, "--output", "-", check=True).stdout
+    assert json.loads(printed) == spec

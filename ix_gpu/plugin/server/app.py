@@ -16,8 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig, parse_plugin_yaml
+from ix_gpu.devicemodel.plugin_config import (
+    ConfigError,
+    DeviceListStrategy,
+    PluginConfig,
+    parse_plugin_yaml,
+)
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
+from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
 from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.devices.health import HealthTracker
@@ -86,6 +92,7 @@ class PluginApp:
         )
         self.labeler = NodeLabeler(settings.api_server, settings.node_name)
         self._labels_warned = False
+        self._cdi_error: str | None = None
         self.stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         """Set once the first discovery has been published (the benchmark and tests wait on it)."""
@@ -175,6 +182,9 @@ class PluginApp:
         except ValueError as exc:
             log.error("cannot build the device list: %s", exc)
             return
+        cdi = self.config.device_list_strategy is DeviceListStrategy.CDI
+        if cdi and not await self._write_cdi_spec(devices):
+            return
         snapshot = self._snapshot(devices)
         if await self.state.publish(snapshot):
             healthy = sum(1 for d in devices.devices if snapshot.health(d) == HEALTHY)
@@ -189,6 +199,31 @@ class PluginApp:
             self.metrics.devices.labels(health=UNHEALTHY).set(len(devices.devices) - healthy)
         if self.config.labels.enabled:
             await self._label_node(devices)
+
+    async def _write_cdi_spec(self, devices: DeviceList) -> bool:
+        """Write the CDI spec for ``devices`` before they are advertised: a device the kubelet
+        hands out must resolve in the spec, or the container fails to start. When the spec cannot
+        be written, the new list is not advertised (pods wait instead of failing)."""
+        vendor = self.backend.vendor
+        path = spec_path(self.config.cdi.spec_dir, vendor)
+        try:
+            control = self.backend.control_nodes()
+            spec = cdi_spec(devices, vendor, control, driver_root=self.config.cdi.driver_root)
+            changed = await asyncio.to_thread(write_spec, spec, path)
+        except (OSError, CdiError) as exc:
+            message = str(exc)
+            if message != self._cdi_error:
+                log.error(
+                    "cannot write the CDI spec %s; the device list is not advertised until it can: %s",
+                    path,
+                    message,
+                )
+            self._cdi_error = message
+            return False
+        if changed:
+            log.info("wrote the CDI spec %s (%d devices)", path, len(devices.devices))
+        self._cdi_error = None
+        return True
 
     async def _label_node(self, devices: DeviceList) -> None:
         if not self.labeler.usable:
