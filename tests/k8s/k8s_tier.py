@@ -264,8 +264,19 @@ def write_kubeconfig(path: Path, url: str, ca: Path, token: str) -> Path:
     return path
 
 
-def start_kube_apiserver(binaries: K8sBinaries, etcd: Etcd, work_dir: Path, log_dir: Path) -> KubeAPI:
-    """kube-apiserver on a free 127.0.0.1 port: token auth (system:masters), RBAC, no controllers."""
+def start_kube_apiserver(
+    binaries: K8sBinaries,
+    etcd: Etcd,
+    work_dir: Path,
+    log_dir: Path,
+    *,
+    service_account_admission: bool = False,
+    extra_args: Sequence[str] = (),
+) -> KubeAPI:
+    """kube-apiserver on a free 127.0.0.1 port: token auth (system:masters), RBAC, no controllers.
+    The service-account signing key is ``work_dir/pki/sa.key``. ``service_account_admission``: keep
+    the ServiceAccount admission plugin (it needs the controller-manager's serviceaccount controller:
+    pods are refused until their namespace has its ``default`` ServiceAccount)."""
     pki = work_dir / "pki"
     certs = write_bundle(
         generate_bundle(
@@ -311,12 +322,13 @@ def start_kube_apiserver(binaries: K8sBinaries, etcd: Etcd, work_dir: Path, log_
             f"--service-account-key-file={sa_pub}",
             f"--service-account-signing-key-file={sa_key}",
             "--service-cluster-ip-range=10.0.0.0/24",
-            "--disable-admission-plugins=ServiceAccount",
+            *([] if service_account_admission else ["--disable-admission-plugins=ServiceAccount"]),
             "--allow-privileged=true",
             "--profiling=false",
             # Nodes name themselves with unresolvable names; reach kubelets (logs, exec) on their
             # InternalIP (127.0.0.1 for the tier's kubelets).
             "--kubelet-preferred-address-types=InternalIP,Hostname",
+            *extra_args,
         ],
         log_dir,
     )
