@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_config import PluginConfig
     from ix_gpu.plugin.backends.base import Backend
     from ix_gpu.plugin.devices.device_list import DeviceList
+    from ix_gpu.runtime.kube import ApiServer
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.devicemodel.plugin_config.DEFAULT_PATH, without pydantic
@@ -29,8 +30,16 @@ DEFAULT_METRICS_PORT = 9401
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
-        metavar="FILE",
-        help=f"the ix-config file (default {DEFAULT_CONFIG} when it exists, else built-in defaults)",
+        metavar="PATH",
+        help=f"the ix-config file (default {DEFAULT_CONFIG} when it exists, else built-in defaults), or "
+        "a directory of named configs (a mounted ConfigMap) from which the node label "
+        "ix-gpu.io/device-plugin.config picks one",
+    )
+    parser.add_argument(
+        "--default-config",
+        metavar="NAME",
+        help="with a config directory: the config for nodes without the label (default: the one named "
+        "'default', else the only one)",
     )
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
     parser.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
@@ -58,6 +67,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=DEFAULT_METRICS_PORT,
         metavar="N",
         help=f"port for /healthz and /metrics (default {DEFAULT_METRICS_PORT}; 0 disables)",
+    )
+    plugin.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="for node labels and per-node configs outside a Pod (token users only; default: in-cluster)",
+    )
+    plugin.add_argument(
+        "--node-config-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="with a config directory: how often the node's config label is re-read (default 60)",
     )
     add_log_level(plugin)
     plugin.set_defaults(handler=run_plugin)
@@ -104,13 +125,24 @@ class LoadedConfig(NamedTuple):
     """What ``config`` was parsed from, so a reload starts only when the file changes."""
 
 
-def _load_config(args: argparse.Namespace) -> LoadedConfig:
+def _load_config(args: argparse.Namespace, label: str | None = None) -> LoadedConfig:
+    """The config to start with; from a directory, the one ``label`` (the node's config label)
+    or the default picks."""
     from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig, parse_plugin_yaml
     from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
 
     path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
     if not args.config and not path.exists():
         return LoadedConfig(PluginConfig(), None, None)
+    if args.default_config and not path.is_dir():
+        raise UsageError("--default-config needs --config DIR (a directory of named configs)")
+    if path.is_dir():
+        from ix_gpu.plugin.server.node_config import choose, named_configs
+
+        choice = choose(named_configs(path), label, args.default_config)
+        if choice.name is None:
+            raise UsageError(f"--config {path}: {choice.reason}")
+        path = path / choice.name
     try:
         content = read_capped(path, CONFIG_MAX_BYTES)
         return LoadedConfig(parse_plugin_yaml(content, str(path)), path, content)
@@ -146,7 +178,21 @@ def run_plugin(args: argparse.Namespace) -> int:
     from ix_gpu.runtime import json_logging
 
     json_logging.configure(args.log_level)
-    config, config_path, config_content = _load_config(args)
+    node_name = os.environ.get("NODE_NAME")
+    api_server = _api_server(args)
+    config_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
+    node_config = None
+    if config_dir is not None and api_server is not None and node_name:
+        from ix_gpu.plugin.server.node_config import NodeLabelReader
+
+        node_config = NodeLabelReader(api_server, node_name, args.node_config_interval)
+    elif config_dir is not None:
+        logging.getLogger("ix_gpu.plugin").warning(
+            "--config %s is a directory of configs, but without NODE_NAME and cluster access the node "
+            "label cannot be read: the default config applies",
+            config_dir,
+        )
+    config, config_path, config_content = _load_config(args, node_config.value() if node_config else None)
     try:
         backend = _make_backend(args)
     except BackendStartError as exc:
@@ -164,17 +210,15 @@ def run_plugin(args: argparse.Namespace) -> int:
     directory = Path(args.device_plugin_dir)
     if not directory.is_dir():
         raise UsageError(f"--device-plugin-dir {directory}: not a directory")
-    api_server = None
-    if config.labels.enabled:  # urllib.request and friends only for a plugin that labels its node
-        from ix_gpu.runtime.kube import ApiServer
-
-        api_server = ApiServer.in_cluster()
     settings = PluginSettings(
         device_plugin_dir=directory,
         config_path=config_path,
         metrics_port=args.metrics_port or None,
-        node_name=os.environ.get("NODE_NAME"),
+        node_name=node_name,
         api_server=api_server,
+        config_dir=config_dir,
+        default_config=args.default_config,
+        node_config=node_config,
     )
 
     async def main() -> int:
@@ -224,6 +268,32 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
         print(f"ix-gpu {command}: {exc}")
         return None
     return Discovered(config, backend, plan.resource, devices)
+
+
+def _api_server(args: argparse.Namespace) -> ApiServer | None:
+    """The apiserver, for node labels and per-node configs: ``--kubeconfig``, else in-cluster,
+    else None. Imported only when needed: urllib.request and ssl cost the plugin memory."""
+    if args.kubeconfig is None and not (
+        (args.config and Path(args.config).is_dir()) or _labels_wanted(args)
+    ):
+        return None
+    from ix_gpu.runtime.kube import ApiServer
+
+    if args.kubeconfig is not None:
+        try:
+            return ApiServer.from_kubeconfig(args.kubeconfig)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return ApiServer.in_cluster()
+
+
+def _labels_wanted(args: argparse.Namespace) -> bool:
+    """Whether the config file (not a directory) asks for node labels; a directory's configs are
+    only known after the choice, so a plugin with one always gets cluster access if it has any."""
+    try:
+        return _load_config(args).config.labels.enabled
+    except UsageError:
+        return False
 
 
 def run_devices(args: argparse.Namespace) -> int:

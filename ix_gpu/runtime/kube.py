@@ -64,6 +64,46 @@ class ApiServer:
             return None
         return cls(url, TOKEN_FILE, str(CA_FILE))
 
+    @classmethod
+    def from_kubeconfig(cls, path: str | Path) -> ApiServer:
+        """The current context of a kubeconfig that authenticates with a bearer token (``token``
+        or ``tokenFile``, re-read on every request) and trusts a CA file. Raises ``ValueError``
+        naming what is missing or not supported (client certificates, exec plugins, inline CA
+        data: write it to a file)."""
+        import yaml
+
+        try:
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"kubeconfig {path}: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"kubeconfig {path}: not a mapping")
+
+        def named(section: str, name: Any) -> dict[str, Any]:
+            for item in doc.get(section) or []:
+                if isinstance(item, dict) and item.get("name") == name:
+                    value = item.get(section.rstrip("s"))
+                    if isinstance(value, dict):
+                        return value
+            raise ValueError(f"kubeconfig {path}: no {section.rstrip('s')} named {name!r}")
+
+        context = named("contexts", doc.get("current-context"))
+        cluster, user = named("clusters", context.get("cluster")), named("users", context.get("user"))
+        server = cluster.get("server")
+        if not isinstance(server, str) or not server:
+            raise ValueError(f"kubeconfig {path}: the cluster has no server")
+        token: str | Path
+        if isinstance(user.get("tokenFile"), str):
+            token = Path(user["tokenFile"])
+        elif isinstance(user.get("token"), str):
+            token = user["token"]
+        else:
+            raise ValueError(f"kubeconfig {path}: only token or tokenFile users are supported")
+        ca = cluster.get("certificate-authority")
+        if server.startswith("https") and not isinstance(ca, str):
+            raise ValueError(f"kubeconfig {path}: an https server needs certificate-authority (a file)")
+        return cls(server.rstrip("/"), token, ca if isinstance(ca, str) else None)
+
     def request(
         self,
         method: str,

@@ -1089,3 +1089,25 @@ def test_helm_test_hook_dry_runs_a_gpu_pod_with_only_the_right_to_create_pods() 
     assert binding["metadata"]["namespace"] == "gpu-team"
     assert binding["subjects"][0]["name"] == "ixg-ix-gpu-check"
     assert "Pod" not in kinds(render({"tests": {"enabled": False}}, hooks=True))
+
+
+def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
+    shared = {"sharing": {"timeSlicing": {"replicas": 4}}}
+    objects = render({"plugin": {"nodeConfigs": {"shared4": shared}, "nodeLabels": False}})
+    configmap = find(objects, "ConfigMap", "ix-config")
+    assert set(configmap["data"]) == {"ix-config", "shared4"}
+    assert yaml.safe_load(configmap["data"]["shared4"]) == shared
+    args = find(objects, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--config=/ixconfig" in args and "--default-config=ix-config" in args
+    role = find(objects, "ClusterRole", PLUGIN)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert find(objects, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is True
+    # Without named configs: the one file, and no right to read nodes.
+    plain = render()
+    assert (
+        "--config=/ixconfig/ix-config"
+        in find(plain, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert find(plain, "ClusterRole", PLUGIN)["rules"][0]["verbs"] == ["patch"]
+    with pytest.raises(HelmError):
+        render({"plugin": {"nodeConfigs": {"ix-config": shared}}})

@@ -29,9 +29,11 @@ from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, 
 from ix_gpu.plugin.devices.health import HealthTracker
 from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
 from ix_gpu.plugin.server.metrics import PluginMetrics
+from ix_gpu.plugin.server.node_config import Choice, NodeLabelReader, choose, named_configs
 from ix_gpu.plugin.server.node_labels import NodeLabeler, node_labels
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
+from ix_gpu.runtime.outcomes import ERROR
 from ix_gpu.runtime.reload import LastGoodFiles
 
 if TYPE_CHECKING:
@@ -53,6 +55,13 @@ class PluginSettings:
     node_name: str | None = None
     api_server: ApiServer | None = None
     """Where to publish node labels (``labels.enabled``); ``None`` outside a cluster."""
+    config_dir: Path | None = None
+    """A directory of named configs (a mounted ConfigMap): the node label
+    ``ix-gpu.io/device-plugin.config`` picks one (:mod:`.node_config`); ``config_path`` is then
+    the one chosen at start."""
+    default_config: str | None = None
+    node_config: NodeLabelReader | None = None
+    """Reads the node's config label; ``None`` without cluster access (the default applies)."""
 
 
 class PluginApp:
@@ -72,18 +81,12 @@ class PluginApp:
         self.metrics = PluginMetrics()
         self.tracker = HealthTracker(config.health.recover_after)
         self.backend_error: str | None = None
+        self.config_path = settings.config_path
+        """The config file in use (one of ``config_dir``'s when the node label picks)."""
         self._config_file = (
-            LastGoodFiles(
-                "config",
-                [settings.config_path],
-                lambda contents: parse_plugin_yaml(contents[0], str(settings.config_path)),
-                loaded=[loaded_content] if loaded_content is not None else None,
-                record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
-                logger=log,
-            )
-            if settings.config_path is not None
-            else None
+            self._watch(settings.config_path, loaded_content) if settings.config_path is not None else None
         )
+        self._choice_problem: str | None = None
         self._chips: list[Chip] = []
         self.state = DeviceState(self._snapshot(build_device_list([], splitboard=False, replicas=1)))
         self.servicer = DevicePluginServicer(self.state, self.metrics)
@@ -122,10 +125,49 @@ class PluginApp:
             control_nodes=self.backend.control_nodes(),
         )
 
+    def _watch(self, path: Path, loaded_content: bytes | None) -> LastGoodFiles[PluginConfig]:
+        return LastGoodFiles(
+            "config",
+            [path],
+            lambda contents: parse_plugin_yaml(contents[0], str(path)),
+            loaded=[loaded_content] if loaded_content is not None else None,
+            record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
+            logger=log,
+        )
+
     # -- health loop ---------------------------------------------------------------------------
+
+    async def _follow_node_config(self) -> None:
+        """Switch to the named config the node's label (or the default) picks, when it changed;
+        a choice that names no config keeps the one in use and says so once."""
+        directory = self.settings.config_dir
+        if directory is None:
+            return
+        reader = self.settings.node_config
+        label = await asyncio.to_thread(reader.value) if reader is not None else None
+        try:
+            names = await asyncio.to_thread(named_configs, directory)
+        except OSError as exc:
+            names = {}
+            choice = Choice(None, f"cannot list {directory}: {exc}")
+        else:
+            choice = choose(names, label, self.settings.default_config)
+        if choice.name is None:
+            if choice.reason != self._choice_problem:
+                log.error("%s; keeping config %s", choice.reason, self.config_path or "(built-in defaults)")
+                self.metrics.config_reloads.labels(result=ERROR).inc()
+            self._choice_problem = choice.reason
+            return
+        self._choice_problem = None
+        path = names[choice.name]
+        if path != self.config_path:
+            log.info("using config %s: %s", path, choice.reason)
+            self.config_path = path
+            self._config_file = self._watch(path, None)  # read and applied by the reload below
 
     async def _reload_config(self) -> bool:
         """Apply a changed config file; the last good one stays when the new one is invalid."""
+        await self._follow_node_config()
         if self._config_file is None:
             return False
         config = await asyncio.to_thread(self._config_file.poll)
@@ -141,7 +183,7 @@ class PluginApp:
             self.resource_name,
         )
         for note in self.sharing.notes:
-            log.warning("config %s: %s", self.settings.config_path, note)
+            log.warning("config %s: %s", self.config_path, note)
         if self.resource_name != old_resource:
             self.registrar.request_reregister()
         return True
