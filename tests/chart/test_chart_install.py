@@ -34,6 +34,7 @@ from tests.support.cli import ix_gpu_process
 from tests.support.net import free_port
 from tests.support.objects import pod
 from tests.support.paths import EXAMPLES, load_yaml
+from tests.support.processes import Process
 from tests.support.waiting import wait_until
 
 GOLDEN = Path(__file__).resolve().parent.parent / "webhook" / "golden"
@@ -184,6 +185,28 @@ def _ensure_namespace(api: KubeAPI, name: str) -> None:
     assert status in (201, 409), body
 
 
+
+def _self_certs_published(api: KubeAPI, webhook: Process) -> bytes:
+    """The CA the webhook put into its Secret, once every webhook's caBundle carries it."""
+    secret = wait_until(
+        lambda: (lambda r: r[1] if r[0] == 200 else None)(
+            _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
+        ),
+        "the Secret",
+        60,
+        interval=0.3,
+        process=webhook,
+    )
+    ca_bundle = base64.b64decode(secret["data"]["ca-bundle.crt"])
+    wait_until(
+        lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()},
+        "the caBundle of every webhook",
+        60,
+        interval=0.3,
+        process=webhook,
+    )
+    return ca_bundle
+
 def _start_webhook(api: KubeAPI, objects: list[dict[str, Any]], port: int, tmp_path: Path) -> Any:
     """The webhook process: the chart's args, its ConfigMap, its ServiceAccount's token."""
     deployment = find(objects, "Deployment", WEBHOOK)
@@ -255,23 +278,8 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
 
     webhook = _start_webhook(api, objects, port, tmp_path)
     try:
-        secret = wait_until(
-            lambda: (lambda r: r[1] if r[0] == 200 else None)(
-                _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
-            ),
-            "the Secret",
-            60,
-            interval=0.3,
-            process=webhook,
-        )
-        ca_bundle = base64.b64decode(secret["data"]["ca-bundle.crt"])
-        wait_until(
-            lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()},
-            "the caBundle",
-            60,
-            interval=0.3,
-            process=webhook,
-        )
+        ca_bundle = _self_certs_published(api, webhook)
+        secret = _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")[1]
         _wait_ready(port, _trusting(ca_bundle), webhook)
 
         ns = _namespace(api)
@@ -398,23 +406,7 @@ def test_seed_config_as_the_config_value_reaches_a_configured_crd_and_skips_opte
     server_side_apply(api, objects)  # the apiserver compiles every derived CEL expression here
     webhook = _start_webhook(api, objects, port, tmp_path)
     try:
-        secret = wait_until(
-            lambda: (lambda r: r[1] if r[0] == 200 else None)(
-                _call(api, "GET", f"/api/v1/namespaces/{NS}/secrets/{SECRET}")
-            ),
-            "the Secret",
-            60,
-            interval=0.3,
-            process=webhook,
-        )
-        ca_bundle = base64.b64decode(secret["data"]["ca-bundle.crt"])
-        wait_until(
-            lambda: _ca_bundles(api) == {base64.b64encode(ca_bundle).decode()},
-            "the caBundle of every webhook",
-            60,
-            interval=0.3,
-            process=webhook,
-        )
+        ca_bundle = _self_certs_published(api, webhook)
         context = _trusting(ca_bundle)
         _wait_ready(port, context, webhook)
 

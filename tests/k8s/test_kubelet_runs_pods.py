@@ -112,6 +112,13 @@ def records_of(node: KubeletNode, namespace: str, pod: str) -> list[dict[str, An
     ]
 
 
+def only_record(node: KubeletNode, namespace: str, pod: str) -> dict[str, Any]:
+    """The one container fake-cri ran for ``pod`` (a second means the kubelet restarted it)."""
+    records = records_of(node, namespace, pod)
+    assert len(records) == 1, json.dumps(records, indent=1)[-4000:]
+    return records[0]
+
+
 def check_cri_log(path: Path) -> list[tuple[str, str]]:
     """Every line of a CRI log file parses; returns (stream, text) pairs."""
     lines = path.read_text().splitlines()
@@ -249,7 +256,7 @@ def test_pod_runs_with_volumes_env_and_a_gpu(
     assert int(token_bytes.split(": ")[1]) > 100, token_bytes
 
     # What fake-cri recorded: the devices and env of the plugin's Allocate.
-    (record,) = records_of(node, namespace, name)
+    record = only_record(node, namespace, name)
     assert record["pod"]["uid"] == created["metadata"]["uid"]
     assert record["state"] == "CONTAINER_EXITED" and record["exit_code"] == 0
     env = dict(kv.split("=", 1) for kv in record["env"])
@@ -302,8 +309,17 @@ def test_probe_reaches_the_pod_ip_and_delete_stops_the_process(
                             "command": ["sh", "-c", 'test "$(cat /proc/sys/kernel/hostname)" = "$HOSTNAME"']
                         },
                         "periodSeconds": 1,
+                        # Generous: on a loaded 2-core machine an exec probe (nsenter + sh) has
+                        # taken over the default 1 s, and three failures restart the container
+                        # (a second record, seen once in a full run).
+                        "timeoutSeconds": 10,
+                        "failureThreshold": 30,
                     },
-                    "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+                    "readinessProbe": {
+                        "httpGet": {"path": "/", "port": 8080},
+                        "periodSeconds": 1,
+                        "timeoutSeconds": 5,
+                    },
                 }
             ],
         },
@@ -331,7 +347,7 @@ def test_probe_reaches_the_pod_ip_and_delete_stops_the_process(
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with direct.open(f"http://{pod_ip}:8080/", timeout=10) as resp:
         assert resp.status == 200
-    (record,) = records_of(node, namespace, name)
+    record = only_record(node, namespace, name)
     assert record["state"] == "CONTAINER_RUNNING" and record["pid"] > 0
     assert Path(f"/proc/{record['pid']}").exists()
 
@@ -353,7 +369,7 @@ def test_probe_reaches_the_pod_ip_and_delete_stops_the_process(
         interval=0.25,
         process=node.kubelet,
     )
-    (record,) = records_of(node, namespace, name)
+    record = only_record(node, namespace, name)
     assert record["state"] == "CONTAINER_EXITED"
     assert record["exit_code"] == 128 + 15, record  # SIGTERM, python's default handler
     assert not Path(f"/proc/{record['pid']}").exists()

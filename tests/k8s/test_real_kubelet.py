@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
+from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, kubelet_node_config
 from tests.k8s.plugin_process import RESOURCE, devices_yaml, seed_config
 from tests.support.net import free_port
 from tests.support.plugin_process import PluginProcess
@@ -77,26 +77,7 @@ def unix_socket_ready(path: Path) -> bool:
 
 
 def kubelet_config(cri_socket: Path, root: Path) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "kind": "KubeletConfiguration",
-        "address": "127.0.0.1",
-        "port": free_port(),
-        "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
-        "healthzPort": free_port(),
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
-        "authorization": {"mode": "AlwaysAllow"},
-        "containerRuntimeEndpoint": f"unix://{cri_socket}",
-        "failSwapOn": False,
-        "failCgroupV1": False,
-        "cgroupDriver": "cgroupfs",
-        "cgroupsPerQOS": False,
-        "enforceNodeAllocatable": [],
-        "podLogsDir": str(root / "pod-logs"),
-        "nodeStatusUpdateFrequency": "2s",
-        "registerNode": True,
-    }
+    return kubelet_node_config(free_port(), free_port(), cri_socket, root)
 
 
 class RealKubelet:
