@@ -168,3 +168,17 @@ def test_a_child_that_dies_is_a_denial_naming_the_internal_error(monkeypatch: py
     assert response["status"]["code"] == 500
     assert f"killed by signal {int(signal.SIGKILL)}" in response["status"]["message"]
     assert metrics.internal_errors._value.get() == 1
+
+
+def test_a_failed_fork_is_a_worker_death(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container at its pids limit: fork fails with EAGAIN, and the review is denied as an
+    internal error rather than escaping as an exception (which would be a 500)."""
+    import errno
+
+    def no_fork() -> int:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    lane = HeavyLane(1.0)
+    with pytest.raises(WorkerDied, match="cannot start the review worker"):
+        asyncio.run(lane.run(time.monotonic() + 5, lambda: b""))

@@ -123,10 +123,10 @@ async def _run_forked(deadline: float, work: Callable[[], bytes]) -> bytes:
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     try:
         pid = os.fork()
-    except OSError:
+    except OSError as exc:  # EAGAIN/ENOMEM: the pids or memory limit of the container
         os.close(read_fd)
         os.close(write_fd)
-        raise
+        raise WorkerDied(f"cannot start the review worker: {exc}") from None
     if pid == 0:  # pragma: no cover - the child; its effects are what the tests check
         os.close(read_fd)
         _child_main(write_fd, work)
