@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import os
 import secrets
@@ -485,6 +486,7 @@ class KubeletNode:
     pod_cidr: str
     fake_cri: Process
     kubelet: Process | None = None
+    node_ip: str = "127.0.0.1"
 
     def node(self) -> dict[str, Any] | None:
         status, body = self.api.request("GET", f"/api/v1/nodes/{self.name}")
@@ -506,7 +508,8 @@ class KubeletNode:
             interval=0.25,
             process=self.kubelet,
         )
-        self.set_addresses()
+        if ipaddress.ip_address(self.node_ip).is_loopback:
+            self.set_addresses()  # a routable --node-ip the kubelet reports itself
         wait_until(self.ready, f"Node {self.name} Ready", timeout_s, interval=0.25, process=self.kubelet)
         wait_until(
             lambda: unix_socket_ready(self.plugin_dir / "kubelet.sock"),
@@ -592,6 +595,7 @@ def start_kubelet_node(
     labels: dict[str, str] | None = None,
     kubelet_config: dict[str, Any] | None = None,
     kubelet_args: Sequence[str] = (),
+    node_ip: str = "127.0.0.1",
 ) -> KubeletNode:
     """fake-cri + a real kubelet (``binaries``' version) as Node ``name``; returns once both run
     (``wait_ready`` waits for the Node). Needs root.
@@ -599,7 +603,12 @@ def start_kubelet_node(
     ``pod_cidr``: the loopback range of this node's pod IPs (give each node its own). ``path``: the
     containers' PATH, where image commands are found (default: this process's PATH). ``images``:
     image (repository or its last path component) -> the command it runs when a pod gives none.
-    ``kubelet_config``: keys that replace those of ``kubelet_node_config``.
+    ``kubelet_config``: keys that replace those of ``kubelet_node_config``. ``node_ip``: where the
+    kubelet listens and the Node's InternalIP (and hostNetwork pods' IP). The kubelet refuses to
+    report a loopback one, so ``wait_ready`` writes the addresses then; a routable one (this machine's
+    address) it reports itself, and then hostNetwork pods can be Service endpoints (EndpointSlice
+    validation refuses loopback addresses). The kubelet allows anonymous requests: on a routable
+    address anyone who reaches it can run commands in its pods.
     """
     name = name or f"ix-node-{secrets.token_hex(3)}"
     root = Path(tempfile.mkdtemp(prefix="ix-kn-"))  # short: unix socket paths are limited to 107 bytes
@@ -638,12 +647,17 @@ def start_kubelet_node(
         cri_state=cri_state,
         pod_cidr=pod_cidr,
         fake_cri=cri,
+        node_ip=node_ip,
     )
     try:
         wait_until(
             lambda: unix_socket_ready(cri_socket), f"fake-cri of {name}", 30, interval=0.1, process=cri
         )
-        config = {**kubelet_node_config(free_port(), free_port(), cri_socket, root), **(kubelet_config or {})}
+        config = {
+            **kubelet_node_config(free_port(), free_port(), cri_socket, root),
+            "address": node_ip,
+            **(kubelet_config or {}),
+        }
         config_path = root / "kubelet-config.yaml"
         config_path.write_text(yaml.safe_dump(config))
         argv = [
@@ -654,7 +668,7 @@ def start_kubelet_node(
             f"--root-dir={root / 'kubelet'}",
             f"--cert-dir={root / 'pki'}",
             f"--hostname-override={name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={node_ip}",
             "--v=2",
         ]  # fmt: skip
         if labels:

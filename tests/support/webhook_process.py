@@ -55,6 +55,7 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 class WebhookProcess:
     """``ix-gpu webhook --host 127.0.0.1 --port PORT --cert-dir CERT_DIR [--config] [--kubeconfig] EXTRA``.
 
+    ``host`` is where it listens (default 127.0.0.1).
     ``url`` is the base URL (``https://127.0.0.1:PORT``) once started; ``mutate_url`` is what a
     MutatingWebhookConfiguration names."""
 
@@ -68,8 +69,10 @@ class WebhookProcess:
         kubeconfig: Path | None = None,
         port: int = 0,
         extra: Sequence[str] = (),
+        host: str = "127.0.0.1",
     ) -> None:
         self.workdir = workdir
+        self.host = host
         self.cert_dir = cert_dir
         self.name = name
         self.config = config
@@ -82,7 +85,7 @@ class WebhookProcess:
 
     @property
     def args(self) -> list[str]:
-        args = ["webhook", "--host", "127.0.0.1", "--port", str(self.port), "--cert-dir", str(self.cert_dir)]
+        args = ["webhook", "--host", self.host, "--port", str(self.port), "--cert-dir", str(self.cert_dir)]
         if self.config is not None:
             args += ["--config", str(self.config)]
         if self.kubeconfig is not None:

@@ -1,0 +1,895 @@
+"""A mini Kubernetes cluster on loopback (Kubernetes ``k8s_tier.CLUSTER_K8S_VERSION``), for the tier's
+tests and by hand:
+
+    .venv/bin/python -m tests.k8s.cluster up [--dir DIR]     # prints the kubeconfig path
+    KUBECONFIG=DIR/kubeconfig kubectl get nodes               # any kubectl works with it
+    .venv/bin/python -m tests.k8s.cluster down [--dir DIR]
+
+It runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two Nodes, ``gpu-a`` and
+``gpu-b``: each a real kubelet on its own fake-cri (own pod CIDR, own device-plugin directory, own
+private mount namespace; see ``k8s_tier.start_kubelet_node``) with the real ``ix-gpu plugin --backend
+fake`` serving into that directory as a host process (``gpu-a``: two BI-V150 boards of two chips;
+``gpu-b``: two single-chip BI-V100 boards). There is no kube-proxy: the apiserver runs with
+``--enable-aggregator-routing=true``, so it dials the endpoints of a webhook's Service (its
+EndpointSlices), not the ClusterIP.
+
+``up`` starts a detached supervisor (``python -m tests.k8s.cluster serve``, its own session) that owns
+every process and stops them all on SIGTERM; ``DIR/state.json`` holds the pids, ports and paths,
+``DIR/logs/`` each component's log. ``down`` signals the supervisor and, should it be gone, kills the
+recorded pids and removes the nodes' directories.
+
+In Python: ``with MiniCluster(log_dir) as cluster:`` gives ``.kubeconfig``, ``.api`` (``KubeAPI``),
+``.nodes`` (name -> ``KubeletNode``), ``.plugins`` (name -> ``PluginProcess``), ``.stop()``.
+Needs root (mount namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from tests.k8s.k8s_tier import (
+    CLUSTER_K8S_VERSION,
+    Etcd,
+    K8sBinaries,
+    KubeAPI,
+    KubeletNode,
+    build_cluster_binaries,
+    start_etcd,
+    start_kube_apiserver,
+    start_kubelet_node,
+)
+from tests.support.cli import ix_gpu
+from tests.support.net import free_port
+from tests.support.plugin_process import PluginProcess
+from tests.support.processes import Process, start_process
+from tests.support.waiting import wait_until
+from tests.support.webhook_process import WebhookProcess
+
+DEFAULT_DIR = Path("/tmp/ix-gpu-cluster")
+RESOURCE = "iluvatar.com/gpu"
+PLUGIN_DAEMONSET = "ix-gpu-device-plugin"
+WEBHOOK_NAMESPACE = "ix-gpu-system"
+WEBHOOK_SERVICE = "ix-gpu-webhook"
+SEED_004_CONFIG = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n      replicas: 4 \n"
+"""The seed's ix-config (shared/seeds/004): one device per board, each shared by 4 (8 on gpu-a)."""
+CONTROLLERS = [
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "node-lifecycle-controller",  # removes the not-ready taint the kubelet registers with
+    "garbage-collector-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "daemonset-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "pod-garbage-collector-controller",
+]
+
+
+def _board(index: int, product: str, chips: int, first_minor: int, node: str) -> dict[str, Any]:
+    return {
+        "id": f"board{index}",
+        "product": product,
+        "numaNode": 0,
+        "chips": [
+            {
+                "uuid": f"GPU-{node}-{index:02d}{c:02d}-0000-4000-8000-000000000000",
+                "minor": first_minor + c,
+                "memoryMiB": 32768,
+                "health": 0,
+            }
+            for c in range(chips)
+        ],
+    }
+
+
+def fake_devices(product: str, boards: int, chips_per_board: int, node: str) -> str:
+    """A devices file for the fake backend (schema of examples/fake-devices.yaml)."""
+    data = {
+        "vendor": "iluvatar",
+        "controlNodes": ["/dev/itrctl"],
+        "boards": [_board(b, product, chips_per_board, b * chips_per_board, node) for b in range(boards)],
+    }
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    pod_cidr: str
+    devices: str
+    """The fake backend's devices file (schema of examples/fake-devices.yaml)."""
+
+
+def node_specs(cidr_octet: int = 10) -> tuple[NodeSpec, ...]:
+    """``gpu-a`` (two BI-V150 boards of two chips) with pods on 127.0.``cidr_octet``.0/24 and ``gpu-b``
+    (two single-chip BI-V100 boards) on the next /24. Clusters running at once need their own."""
+    return (
+        NodeSpec("gpu-a", f"127.0.{cidr_octet}.0/24", fake_devices("Iluvatar BI-V150", 2, 2, "a")),
+        NodeSpec("gpu-b", f"127.0.{cidr_octet + 1}.0/24", fake_devices("Iluvatar BI-V100", 2, 1, "b")),
+    )
+
+
+DEFAULT_NODES = node_specs(10)
+CLI_CIDR_OCTET = 20
+"""The command-line cluster's pods are on 127.0.20-21.x, the tests' on 127.0.10-13.x."""
+
+
+def _apply(api: KubeAPI, collection: str, body: dict[str, Any]) -> None:
+    """Create ``body`` in ``collection`` (an existing object of that name is fine)."""
+    status, reply = api.request("POST", collection, body)
+    if status not in (201, 409):
+        raise RuntimeError(f"POST {collection}: {status} {reply}")
+
+
+def host_address() -> str | None:
+    """This machine's first global-scope IPv4 address (an EndpointSlice may name it), or None."""
+    try:
+        out = subprocess.run(
+            ["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True, check=False
+        ).stdout
+    except OSError:
+        return None
+    for line in out.splitlines():
+        fields = line.split()
+        if "inet" in fields:
+            return fields[fields.index("inet") + 1].split("/")[0]
+    return None
+
+
+def _https_ok(url: str) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # the components' self-signed serving certs
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=3) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+class MiniCluster:
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two kubelet Nodes with the
+    fake-backend plugin; started by ``start()`` (or ``with``), stopped by ``stop()``."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        *,
+        binaries: K8sBinaries | None = None,
+        nodes: tuple[NodeSpec, ...] = DEFAULT_NODES,
+        plugin_config: str | None = SEED_004_CONFIG,
+        containers_path: str | None = None,
+        log_dir: Path | None = None,
+        plugin_mode: str = "process",
+        node_ip: str = "127.0.0.1",
+    ) -> None:
+        """``plugin_config``: the plugins' ix-config (None: start no plugin). ``containers_path``: the
+        containers' PATH (default: this interpreter's directory, then the system's). ``log_dir``:
+        the components' logs (default ``work_dir/logs``). ``plugin_mode``: ``process`` runs each
+        node's plugin as a host process (``plugins``); ``daemonset`` runs it as the pods of a
+        DaemonSet in kube-system (``plugin_pods``), through the kubelets and fake-cri. ``node_ip``:
+        the kubelets' address and the Nodes' InternalIP (``host_address()`` lets hostNetwork pods be
+        Service endpoints; see ``start_kubelet_node``)."""
+        self.node_ip = node_ip
+        if plugin_mode not in ("process", "daemonset"):
+            raise ValueError(f"plugin_mode: {plugin_mode!r}")
+        self.plugin_mode = plugin_mode
+        self.work_dir = work_dir
+        self.log_dir = log_dir or work_dir / "logs"
+        self.binaries = binaries
+        self.node_specs = nodes
+        self.plugin_config = plugin_config
+        self.containers_path = containers_path or (
+            f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        )
+        self.etcd: Etcd | None = None
+        self.api_server: KubeAPI | None = None
+        self.controller_manager: Process | None = None
+        self.scheduler: Process | None = None
+        self.nodes: dict[str, KubeletNode] = {}
+        self.plugins: dict[str, PluginProcess] = {}
+        self.webhook: WebhookProcess | None = None
+        self.timings: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- accessors
+
+    @property
+    def api(self) -> KubeAPI:
+        assert self.api_server is not None, "the cluster is not started"
+        return self.api_server
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.api.kubeconfig
+
+    def processes(self) -> dict[str, Process]:
+        out: dict[str, Process] = {}
+        if self.etcd is not None:
+            out["etcd"] = self.etcd.process
+        if self.api_server is not None:
+            out["kube-apiserver"] = self.api_server.process
+        if self.controller_manager is not None:
+            out["kube-controller-manager"] = self.controller_manager
+        if self.scheduler is not None:
+            out["kube-scheduler"] = self.scheduler
+        for name, node in self.nodes.items():
+            out[f"fake-cri-{name}"] = node.fake_cri
+            if node.kubelet is not None:
+                out[f"kubelet-{name}"] = node.kubelet
+        for name, plugin in self.plugins.items():
+            if plugin.process is not None:
+                out[f"ix-gpu-plugin-{name}"] = plugin.process
+        if self.webhook is not None and self.webhook.process is not None:
+            out["ix-gpu-webhook"] = self.webhook.process
+        return out
+
+    def state(self) -> dict[str, Any]:
+        """What ``down`` needs, and what a person wants to see."""
+        return {
+            "version": CLUSTER_K8S_VERSION,
+            "kubeconfig": str(self.kubeconfig) if self.api_server else None,
+            "apiserver": self.api_server.url if self.api_server else None,
+            "logs": str(self.log_dir),
+            "pids": {name: p.pid for name, p in self.processes().items()},
+            "node_roots": {name: str(node.root) for name, node in self.nodes.items()},
+            "etcd_data": str(self.etcd.data_root) if self.etcd else None,
+            "webhook": self.webhook.url if self.webhook else None,
+            "timings_s": self.timings,
+        }
+
+    # ---------------------------------------------------------------- start
+
+    def __enter__(self) -> MiniCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _timed(self, what: str, start: float) -> None:
+        self.timings[what] = round(time.monotonic() - start, 2)
+
+    def start(self) -> MiniCluster:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        begin = time.monotonic()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.binaries is None:
+            self.binaries = build_cluster_binaries()
+        binaries = self.binaries
+        self._timed("binaries", begin)
+        t = time.monotonic()
+        self.etcd = start_etcd(binaries, self.log_dir)
+        self.api_server = start_kube_apiserver(
+            binaries,
+            self.etcd,
+            self.work_dir / "kube-apiserver",
+            self.log_dir,
+            service_account_admission=True,
+            # No kube-proxy: webhooks (and aggregated APIs) are dialled at their Service's endpoints.
+            extra_args=["--enable-aggregator-routing=true"],
+        )
+        self._timed("etcd+apiserver", t)
+        t = time.monotonic()
+        self.controller_manager = self._start_controller_manager(binaries)
+        self.scheduler = self._start_scheduler(binaries)
+        self._timed("controller-manager+scheduler", t)
+        t = time.monotonic()
+        for spec in self.node_specs:
+            self.nodes[spec.name] = start_kubelet_node(
+                binaries,
+                self.api,
+                self.log_dir,
+                name=spec.name,
+                pod_cidr=spec.pod_cidr,
+                path=self.containers_path,
+                ignore_run_as_user=True,  # this machine's Python lives under /root, mode 700
+                labels={"ix-gpu.io/test-node": "true"},
+                node_ip=self.node_ip,
+            )
+        for node in self.nodes.values():
+            node.wait_ready()
+        self._timed("nodes Ready", t)
+        t = time.monotonic()
+        if self.plugin_config is not None and self.plugin_mode == "daemonset":
+            self._start_plugin_daemonset(self.plugin_config)
+            for spec in self.node_specs:
+                self.wait_allocatable(spec.name, lambda n: n > 0)
+        elif self.plugin_config is not None:
+            for spec in self.node_specs:
+                node = self.nodes[spec.name]
+                self.plugins[spec.name] = PluginProcess(
+                    self.work_dir / "plugins" / spec.name,
+                    node.plugin_dir,
+                    spec.devices,
+                    self.plugin_config,
+                    self.log_dir,
+                    name=f"ix-gpu-plugin-{spec.name}",
+                ).start()
+            for spec in self.node_specs:
+                self.wait_allocatable(spec.name, lambda n: n > 0)
+        self._timed("plugins registered", t)
+        # The namespace the pods go to needs its ServiceAccount (ServiceAccount admission).
+        wait_until(
+            lambda: self.api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+            "the default ServiceAccount",
+            60,
+            interval=0.25,
+            process=self.controller_manager,
+        )
+        self._timed("total", begin)
+
+    def _start_plugin_daemonset(self, plugin_config: str) -> None:
+        """The plugin as DaemonSet ``PLUGIN_DAEMONSET`` in kube-system: image ``ix-gpu`` (fake-cri runs
+        the host's ``ix-gpu``), the device-plugin directory by hostPath (each node's own: the hostPath
+        is resolved in the node's mount namespace), the ix-config and each node's fake devices file
+        (``/fake/$(NODE_NAME).yaml``) from ConfigMaps. ``--metrics-port=0``: all pods share the host's
+        network namespace, and the plugin binds 0.0.0.0:PORT, so a second node's plugin would fail
+        with EADDRINUSE."""
+        api = self.api
+        ns = "/api/v1/namespaces/kube-system"
+        wait_until(
+            lambda: api.request("GET", f"{ns}/serviceaccounts/default")[0] == 200,
+            "the default ServiceAccount of kube-system",
+            60,
+            interval=0.25,
+            process=self.controller_manager,
+        )
+        _apply(
+            api, f"{ns}/configmaps", {"metadata": {"name": "ix-config"}, "data": {"ix-config": plugin_config}}
+        )
+        devices = {f"{spec.name}.yaml": spec.devices for spec in self.node_specs}
+        _apply(api, f"{ns}/configmaps", {"metadata": {"name": "ix-gpu-fake-devices"}, "data": devices})
+        labels = {"app.kubernetes.io/name": PLUGIN_DAEMONSET}
+        container = {
+            "name": "device-plugin",
+            "image": "registry.example/ix-gpu:dev",
+            "args": [
+                "plugin",
+                "--backend=fake",
+                "--fake-devices=/fake/$(NODE_NAME).yaml",
+                "--config=/ixconfig/ix-config",
+                "--device-plugin-dir=/var/lib/kubelet/device-plugins",
+                "--metrics-port=0",
+            ],
+            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "securityContext": {"privileged": True, "runAsUser": 0},
+            "volumeMounts": [
+                {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+                {"name": "fake-devices", "mountPath": "/fake", "readOnly": True},
+                {"name": "ix-config", "mountPath": "/ixconfig", "readOnly": True},
+            ],
+        }
+        daemonset = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": PLUGIN_DAEMONSET, "labels": labels},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "enableServiceLinks": False,
+                        "automountServiceAccountToken": False,
+                        "containers": [container],
+                        "volumes": [
+                            {
+                                "name": "device-plugin",
+                                "hostPath": {"path": "/var/lib/kubelet/device-plugins"},
+                            },
+                            {"name": "fake-devices", "configMap": {"name": "ix-gpu-fake-devices"}},
+                            {"name": "ix-config", "configMap": {"name": "ix-config"}},
+                        ],
+                    },
+                },
+            },
+        }
+        _apply(api, "/apis/apps/v1/namespaces/kube-system/daemonsets", daemonset)
+
+    def plugin_pods(self) -> list[dict[str, Any]]:
+        """The plugin DaemonSet's pods (``plugin_mode="daemonset"``)."""
+        status, reply = self.api.request(
+            "GET",
+            f"/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io/name%3D{PLUGIN_DAEMONSET}",
+        )
+        assert status == 200, reply
+        items: list[dict[str, Any]] = reply["items"]
+        return items
+
+    def _component_kubeconfig(self) -> Path:
+        return self.api.kubeconfig
+
+    def _start_controller_manager(self, binaries: K8sBinaries) -> Process:
+        pki = self.work_dir / "kube-apiserver" / "pki"
+        port = free_port()
+        kubeconfig = self._component_kubeconfig()
+        proc = start_process(
+            "kube-controller-manager",
+            [
+                str(binaries.kube_controller_manager),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.work_dir / 'kube-controller-manager'}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                "--controllers=" + ",".join(CONTROLLERS),
+                "--concurrent-deployment-syncs=5",
+                "--v=1",
+            ],
+            self.log_dir,
+        )
+        wait_until(
+            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"),
+            "kube-controller-manager /healthz",
+            120,
+            interval=0.25,
+            process=proc,
+        )
+        return proc
+
+    def _start_scheduler(self, binaries: K8sBinaries) -> Process:
+        port = free_port()
+        kubeconfig = self._component_kubeconfig()
+        proc = start_process(
+            "kube-scheduler",
+            [
+                str(binaries.kube_scheduler),
+                f"--kubeconfig={kubeconfig}",
+                f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.work_dir / 'kube-scheduler'}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+            self.log_dir,
+        )
+        wait_until(
+            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"),
+            "kube-scheduler /healthz",
+            120,
+            interval=0.25,
+            process=proc,
+        )
+        return proc
+
+    def node_resource(self, name: str, resource: str = RESOURCE) -> tuple[int, int] | None:
+        """(capacity, allocatable) of ``resource`` on Node ``name``; None before the kubelet reports it."""
+        status = (self.nodes[name].node() or {}).get("status", {})
+        capacity, allocatable = status.get("capacity", {}), status.get("allocatable", {})
+        if resource not in capacity or resource not in allocatable:
+            return None
+        return int(capacity[resource]), int(allocatable[resource])
+
+    def wait_allocatable(self, name: str, predicate: Callable[[int], bool], timeout_s: float = 60) -> int:
+        """Wait until the Node's allocatable ``iluvatar.com/gpu`` satisfies ``predicate``; returns it."""
+        plugin = self.plugins.get(name)
+
+        def check() -> int | None:
+            value = self.node_resource(name)
+            return value[1] if value is not None and predicate(value[1]) else None
+
+        result: int = wait_until(
+            check,
+            f"{RESOURCE} allocatable on {name}",
+            timeout_s,
+            interval=0.25,
+            process=self.nodes[name].kubelet,
+            details=(lambda: plugin.log_tail()) if plugin else None,
+        )
+        return result
+
+    # ---------------------------------------------------------------- the webhook
+
+    def install_webhook(
+        self,
+        config: dict[str, Any] | None = None,
+        *,
+        namespace: str = WEBHOOK_NAMESPACE,
+        service: str = WEBHOOK_SERVICE,
+        failure_policy: str = "Fail",
+    ) -> WebhookProcess:
+        """Run the real ``ix-gpu webhook`` as a host process and route the apiserver to it the way the
+        chart does, through a Service: Service ``namespace/service`` (no selector) whose EndpointSlice
+        names ADDRESS:PORT, and a MutatingWebhookConfiguration for Pods that refers to that Service.
+        The apiserver (``--enable-aggregator-routing=true``, no kube-proxy) dials the endpoint,
+        checking the certificate for ``service.namespace.svc``. ADDRESS is this machine's first
+        global IPv4 address (``host_address``), because EndpointSlice validation refuses loopback
+        addresses ("may not be in the loopback range"); RuntimeError when there is none.
+
+        ``config``: the webhook's config (default: the built-in one, its Iluvatar driver root a
+        directory under ``work_dir``, ``corex/``, with a ``lib64``, mounted at /usr/local/corex)."""
+        address = host_address()
+        if address is None:
+            raise RuntimeError("no global IPv4 address: an EndpointSlice may not name a loopback address")
+        work = self.work_dir / "webhook"
+        work.mkdir(parents=True, exist_ok=True)
+        dns = f"{service}.{namespace}.svc"
+        certs = work / "certs"
+        ix_gpu("certs", "generate", "--out", str(certs), "--dns", dns, "--ip", address, check=True)
+        if config is None:
+            config = yaml.safe_load(ix_gpu("config", "default", check=True).stdout)
+            driver_root = self.work_dir / "corex"
+            (driver_root / "lib64").mkdir(parents=True, exist_ok=True)
+            for profile in config["profiles"]:
+                for volume in profile["volumes"]:
+                    if volume["hostPath"] == "/usr/local/corex":
+                        volume["hostPath"] = str(driver_root)
+        config_path = work / "webhook.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        ix_gpu("config", "validate", str(config_path), check=True)
+        self.webhook = WebhookProcess(
+            self.log_dir,
+            certs,
+            name="ix-gpu-webhook",
+            config=config_path,
+            kubeconfig=self.kubeconfig,
+            host=address,
+        ).start(ready=True)
+        port = self.webhook.port
+        api = self.api
+        _apply(api, "/api/v1/namespaces", {"metadata": {"name": namespace}})
+        _apply(
+            api,
+            f"/api/v1/namespaces/{namespace}/services",
+            {
+                "metadata": {"name": service},
+                "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port, "protocol": "TCP"}]},
+            },
+        )
+        _apply(
+            api,
+            f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+            {
+                "metadata": {"name": f"{service}-host", "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+                "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+            },
+        )
+        ca_bundle = base64.b64encode((certs / "ca.crt").read_bytes()).decode()
+        skipped = ["kube-system", "kube-public", "kube-node-lease", namespace]
+        _apply(
+            api,
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            {
+                "metadata": {"name": "ix-gpu"},
+                "webhooks": [
+                    {
+                        "name": "pods.ix-gpu.io",
+                        "clientConfig": {
+                            "service": {
+                                "namespace": namespace,
+                                "name": service,
+                                "path": "/mutate",
+                                "port": 443,
+                            },
+                            "caBundle": ca_bundle,
+                        },
+                        "rules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE"],
+                                "resources": ["pods"],
+                                "scope": "Namespaced",
+                            }
+                        ],
+                        "namespaceSelector": {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": skipped}
+                            ]
+                        },
+                        "failurePolicy": failure_policy,
+                        "sideEffects": "None",
+                        "admissionReviewVersions": ["v1"],
+                        "timeoutSeconds": 10,
+                    }
+                ],
+            },
+        )
+        # The apiserver's webhook and endpoint caches are informers: wait until a dry-run GPU pod
+        # comes back injected.
+        probe = {
+            "metadata": {"name": "ix-gpu-webhook-probe"},
+            "spec": {
+                "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {RESOURCE: "1"}}}]
+            },
+        }
+        last: list[Any] = []
+
+        def injected() -> bool:
+            status, reply = api.request("POST", "/api/v1/namespaces/default/pods?dryRun=All", probe)
+            last[:] = [status, reply]
+            annotations = reply.get("metadata", {}).get("annotations", {}) if isinstance(reply, dict) else {}
+            return status == 201 and "ix-gpu.io/injected" in annotations
+
+        wait_until(
+            injected,
+            "a dry-run GPU pod injected through the webhook's Service",
+            60,
+            interval=0.5,
+            process=self.webhook.process,
+            details=lambda: f"last reply: {last}",
+        )
+        return self.webhook
+
+    # ---------------------------------------------------------------- stop
+
+    def stop(self) -> None:
+        """Stop everything, newest first; never fails."""
+        if self.webhook is not None:
+            with contextlib.suppress(Exception):
+                self.webhook.stop()
+        for plugin in self.plugins.values():
+            with contextlib.suppress(Exception):
+                plugin.stop()
+        for node in self.nodes.values():
+            with contextlib.suppress(Exception):
+                node.close()
+        for proc in (self.scheduler, self.controller_manager):
+            if proc is not None:
+                with contextlib.suppress(Exception):
+                    proc.stop()
+        if self.api_server is not None:
+            with contextlib.suppress(Exception):
+                self.api_server.stop()
+        if self.etcd is not None:
+            with contextlib.suppress(Exception):
+                self.etcd.stop()
+        self.plugins.clear()
+        self.nodes.clear()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _state_path(work_dir: Path) -> Path:
+    return work_dir / "state.json"
+
+
+def _read_state(work_dir: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(_state_path(work_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def _write_state(work_dir: Path, state: dict[str, Any]) -> None:
+    tmp = _state_path(work_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(_state_path(work_dir))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(
+    work_dir: Path,
+    plugin_config: str | None,
+    webhook: bool = False,
+    plugin_mode: str = "process",
+    node_ip: str = "127.0.0.1",
+) -> int:
+    """The supervisor: start the cluster, record it, hold it until SIGTERM/SIGINT, then stop it."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    cluster = MiniCluster(
+        work_dir,
+        nodes=node_specs(CLI_CIDR_OCTET),
+        plugin_config=plugin_config,
+        plugin_mode=plugin_mode,
+        node_ip=node_ip,
+    )
+    state: dict[str, Any] = {"supervisor": os.getpid(), "status": "starting"}
+    _write_state(work_dir, state)
+    try:
+        cluster.start()
+        if webhook:
+            cluster.install_webhook()
+    except BaseException as err:  # reported to `up` through the state file
+        _write_state(work_dir, {**state, "status": "failed", "error": f"{type(err).__name__}: {err}"})
+        return 1
+    _write_state(work_dir, {**state, **cluster.state(), "status": "running"})
+    try:
+        while not stop.wait(2):
+            dead = [name for name, p in cluster.processes().items() if not p.alive()]
+            if dead:
+                _write_state(work_dir, {**state, **cluster.state(), "status": "running", "exited": dead})
+    finally:
+        _write_state(work_dir, {**state, **cluster.state(), "status": "stopping"})
+        cluster.stop()
+        _write_state(work_dir, {**state, "status": "stopped"})
+    return 0
+
+
+def up(
+    work_dir: Path,
+    plugin_config: str | None,
+    timeout_s: float,
+    webhook: bool = False,
+    plugin_mode: str = "process",
+    node_ip: str = "127.0.0.1",
+) -> int:
+    state = _read_state(work_dir)
+    if state and state.get("status") in ("starting", "running") and _alive(int(state["supervisor"])):
+        print(f"a cluster already runs from {work_dir} (supervisor {state['supervisor']})", file=sys.stderr)
+        if state.get("kubeconfig"):
+            print(state["kubeconfig"])
+        return 1
+    work_dir.mkdir(parents=True, exist_ok=True)
+    _state_path(work_dir).unlink(missing_ok=True)
+    args = [sys.executable, "-m", "tests.k8s.cluster", "serve", "--dir", str(work_dir)]
+    config_file = None
+    if plugin_config is not None:
+        config_file = work_dir / "ix-config"
+        config_file.write_text(plugin_config)
+        args += ["--plugin-config", str(config_file)]
+    else:
+        args.append("--no-plugins")
+    if webhook:
+        args.append("--webhook")
+    args += ["--plugin-mode", plugin_mode, "--node-ip", node_ip]
+    (work_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "logs" / "supervisor.log", "ab") as log:
+        supervisor = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # detached: survives this command and the terminal's signals
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        state = _read_state(work_dir) or {}
+        if state.get("status") == "running":
+            print(
+                f"mini cluster {state['version']} up in {time.monotonic() - start:.1f}s: "
+                f"apiserver {state['apiserver']}, logs {state['logs']}",
+                file=sys.stderr,
+            )
+            print(f"  export KUBECONFIG={state['kubeconfig']}; kubectl get nodes", file=sys.stderr)
+            print(f"  stop: {sys.executable} -m tests.k8s.cluster down --dir {work_dir}", file=sys.stderr)
+            print(state["kubeconfig"])
+            return 0
+        if state.get("status") == "failed" or supervisor.poll() is not None:
+            supervisor.wait(60)
+            print(
+                f"the cluster did not start: {state.get('error')}; logs in {work_dir / 'logs'}",
+                file=sys.stderr,
+            )
+            return 1
+        time.sleep(0.25)
+    print(f"the cluster did not start within {timeout_s:g}s; logs in {work_dir / 'logs'}", file=sys.stderr)
+    down(work_dir)
+    return 1
+
+
+def down(work_dir: Path) -> int:
+    state = _read_state(work_dir)
+    if state is None:
+        print(f"no cluster in {work_dir}", file=sys.stderr)
+        return 0
+    supervisor = int(state.get("supervisor", 0))
+    if supervisor and _alive(supervisor):
+        os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + 90
+        while _alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    # Whatever the supervisor left (it died, or did not finish in time): the recorded processes.
+    for pid in state.get("pids", {}).values():
+        if _alive(int(pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    for path in [*state.get("node_roots", {}).values(), state.get("etcd_data")]:
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    print(f"mini cluster in {work_dir} stopped", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.k8s.cluster", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("up", "start the cluster (detached); prints the kubeconfig path"),
+        ("down", "stop the cluster and remove DIR"),
+        ("status", "print DIR/state.json"),
+        ("serve", "the supervisor that `up` starts (foreground)"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state, logs (default {DEFAULT_DIR})")
+        if name in ("up", "serve"):
+            p.add_argument("--plugin-config", type=Path, help="the plugins' ix-config (default: seed 004's)")
+            p.add_argument("--no-plugins", action="store_true", help="start no device plugin")
+            p.add_argument(
+                "--webhook",
+                action="store_true",
+                help="also run `ix-gpu webhook`, registered through a Service",
+            )
+            p.add_argument(
+                "--plugin-mode",
+                choices=("process", "daemonset"),
+                default="process",
+                help="the plugin as a host process per node, or as DaemonSet pods (run by the kubelets)",
+            )
+            p.add_argument(
+                "--node-ip",
+                default="127.0.0.1",
+                help="the kubelets' address and the Nodes' InternalIP; `host`: this machine's first global "
+                "IPv4 address, so hostNetwork pods can be Service endpoints (the kubelets then allow "
+                "anonymous requests on it)",
+            )
+        if name == "up":
+            p.add_argument("--timeout", type=float, default=300, help="seconds to wait for the cluster")
+    args = parser.parse_args(argv)
+    work_dir: Path = args.dir.resolve()
+    if args.command in ("up", "serve"):
+        config = (
+            None
+            if args.no_plugins
+            else (args.plugin_config.read_text() if args.plugin_config else SEED_004_CONFIG)
+        )
+        node_ip = args.node_ip
+        if node_ip == "host":
+            node_ip = host_address()
+            if node_ip is None:
+                parser.error("--node-ip host: this machine has no global IPv4 address")
+        if args.command == "up":
+            return up(work_dir, config, args.timeout, args.webhook, args.plugin_mode, node_ip)
+        return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip)
+    if args.command == "down":
+        return down(work_dir)
+    print(json.dumps(_read_state(work_dir), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
