@@ -349,6 +349,10 @@ def test_helm_install_runs_the_chart_webhook_as_a_pod(tmp_path: Path, k8s_log_di
                 {"name": "KUBERNETES_SERVICE_PORT", "value": str(urllib.parse.urlsplit(api.url).port)},
             ]
         )
+        # Every fake-cri pod shares the machine's network, so the old hostNetwork pod must be gone
+        # before the new one binds the same port: a rolling update crash-looped the new pod on
+        # "address already in use" in one CI run. (A real cluster has one pod per node's port.)
+        current["spec"]["strategy"] = {"type": "Recreate"}
         request_ok(api, "PUT", deployment, current)
 
         def available() -> dict[str, Any] | None:
