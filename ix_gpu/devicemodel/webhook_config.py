@@ -292,23 +292,33 @@ class WebhookConfig(_Model):
     """Replaces the built-in list when given: start from ``ix-gpu config default``."""
     policy: Policy = Policy()
 
-    @model_validator(mode="after")
-    def _unique(self) -> WebhookConfig:
-        _require_unique("profile name", [p.name for p in self.profiles])
-        _require_unique("workload", [f"{w.api_version} {w.kind}" for w in self.workloads])
-        return self
+    # Field validators, not one model validator: the error then names the list ("profiles: ...")
+    # and both entries, which is what an operator reading a crash-looping pod's log needs.
+    @field_validator("profiles")
+    @classmethod
+    def _unique_profiles(cls, profiles: tuple[Profile, ...]) -> tuple[Profile, ...]:
+        _require_unique("profile name", [p.name for p in profiles], "profiles")
+        return profiles
+
+    @field_validator("workloads")
+    @classmethod
+    def _unique_workloads(cls, workloads: tuple[Workload, ...]) -> tuple[Workload, ...]:
+        _require_unique("workload", [f"{w.api_version} {w.kind}" for w in workloads], "workloads")
+        return workloads
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         return yaml.safe_dump(data, sort_keys=False)
 
 
-def _require_unique(what: str, values: list[str]) -> None:
-    seen: set[str] = set()
-    for value in values:
-        if value in seen:
-            raise ValueError(f"duplicate {what} {value!r}")
-        seen.add(value)
+def _require_unique(what: str, values: list[str], field: str | None = None) -> None:
+    """``field``: the list the values come from, so the error names both entries."""
+    first: dict[str, int] = {}
+    for index, value in enumerate(values):
+        if value in first:
+            where = f" ({field}[{first[value]}] and {field}[{index}])" if field else ""
+            raise ValueError(f"duplicate {what} {value!r}{where}")
+        first[value] = index
 
 
 def vendor_profile(vendor: Vendor) -> Profile:

@@ -29,6 +29,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart.rendering import find, render
+from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd
 from tests.k8s.k8s_tier import KubeAPI, build_binaries, start_etcd, start_kube_apiserver, write_kubeconfig
 from tests.support.cli import ix_gpu_process
 from tests.support.net import free_port
@@ -352,51 +353,13 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
         webhook.stop(15)
 
 
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-LEGACY_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "tfjobs.mlkube.io"},
-    "spec": {
-        "group": "mlkube.io",
-        "scope": "Namespaced",
-        "names": {"plural": "tfjobs", "singular": "tfjob", "kind": "TfJob", "listKind": "TfJobList"},
-        "versions": [
-            {
-                "name": "v1beta1",
-                "served": True,
-                "storage": True,
-                # No schema of its own, as in 2017: the CEL conditions must cope with any shape.
-                "schema": {
-                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                },
-            }
-        ],
-    },
-}
-
-
-def _install_legacy_crd(api: KubeAPI) -> str:
-    status, body = _call(api, "POST", CRDS, LEGACY_CRD)
-    assert status in (201, 409), body
-
-    def established() -> bool:
-        status, crd = _call(api, "GET", f"{CRDS}/tfjobs.mlkube.io")
-        conditions = ((crd.get("status") or {}).get("conditions") or []) if status == 200 else []
-        ok = any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-        return ok and _call(api, "GET", "/apis/mlkube.io/v1beta1")[0] == 200
-
-    wait_until(established, "the mlkube.io TfJob CRD", 60, interval=0.2)
-    return "/apis/mlkube.io/v1beta1"
-
-
 def test_seed_config_as_the_config_value_reaches_a_configured_crd_and_skips_opted_out_pods(
     kube_api: KubeAPI, tmp_path: Path
 ) -> None:
     api = kube_api
     _ensure_namespace(api, NS)
     _ensure_namespace(api, "ml-team")  # the seed config's privileged namespace
-    crd = _install_legacy_crd(api)
+    crd = install_crd(api, LEGACY_TFJOB_CRD)
     port = free_port()
     objects = render(
         _values(port, config=load_yaml(EXAMPLES / "seed-config.yaml")), release=RELEASE, namespace=NS

@@ -1111,3 +1111,20 @@ def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
     assert find(plain, "ClusterRole", PLUGIN)["rules"][0]["verbs"] == ["patch"]
     with pytest.raises(HelmError):
         render({"plugin": {"nodeConfigs": {"ix-config": shared}}})
+
+
+def test_extra_env_reaches_every_container_after_its_own_env() -> None:
+    extra = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"},
+        {"name": "IX_GPU_LOG_LEVEL", "valueFrom": {"configMapKeyRef": {"name": "levels", "key": "plugin"}}},
+    ]
+    objects = render({"webhook": {"extraEnv": extra[:1]}, "plugin": {"extraEnv": extra[1:]}})
+    webhook = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert webhook["env"] == extra[:1]
+    plugin = find(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert plugin["env"][0]["name"] == "NODE_NAME" and plugin["env"][-1] == extra[1]
+    assert "env" not in find(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    test_pod = find(render({"tests": {"extraEnv": extra[:1]}}, hooks=True), "Pod")
+    assert test_pod["spec"]["containers"][0]["env"] == extra[:1]
+    with pytest.raises(HelmError, match="name"):
+        render({"webhook": {"extraEnv": [{"value": "no name"}]}})

@@ -25,6 +25,7 @@ from ix_gpu.webhook.service.self_certs import (
     CA_CERT,
     TLS_CERT,
     TLS_KEY,
+    Owner,
     SelfCertError,
     SelfCertManager,
     SelfCertSettings,
@@ -50,6 +51,8 @@ class StandIn:
         self.lock = threading.Lock()
         self.version = 0
         self.secrets: dict[str, tuple[dict[str, bytes], str]] = {}
+        self.owners: dict[str, Owner | None] = {}
+        self.mwc_uid: str | None = "mwc-uid-1"
         self.mwc: dict[str, Any] = {
             "webhooks": [{"name": n, "clientConfig": {"service": {}}} for n in webhooks]
         }
@@ -65,17 +68,18 @@ class StandIn:
             hit = self.secrets.get(f"{namespace}/{name}")
             return None if hit is None else StoredSecret(dict(hit[0]), hit[1])
 
-    def create_secret(self, namespace: str, name: str, data: dict[str, bytes]) -> bool:
+    def create_secret(self, namespace: str, name: str, data: dict[str, bytes], owner: Owner | None) -> bool:
         with self.lock:
             if f"{namespace}/{name}" in self.secrets:
                 self.calls.append("create-conflict")
                 return False
             self.calls.append("create")
             self.secrets[f"{namespace}/{name}"] = (dict(data), self._next())
+            self.owners[f"{namespace}/{name}"] = owner
             return True
 
     def replace_secret(
-        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str
+        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str, owner: Owner | None
     ) -> bool:
         with self.lock:
             current = self.secrets.get(f"{namespace}/{name}")
@@ -84,7 +88,12 @@ class StandIn:
                 return False
             self.calls.append("replace")
             self.secrets[f"{namespace}/{name}"] = (dict(data), self._next())
+            self.owners[f"{namespace}/{name}"] = owner  # a PUT replaces the ownerReferences too
             return True
+
+    def configuration_uid(self, configuration: str) -> str | None:
+        assert configuration == MWC
+        return self.mwc_uid
 
     def read_ca_bundles(self, configuration: str) -> list[tuple[str, bytes | None]]:
         assert configuration == MWC
@@ -181,6 +190,8 @@ def test_first_start_creates_secret_patches_ca_bundle_and_writes_cert(
     assert tuple(sans.get_values_for_type(x509.DNSName)) == DNS
     assert _trusted_by(secret[CA_CERT], secret[TLS_CERT])
     assert manager.events == ["created", "patched-ca-bundle", "wrote-cert"]
+    # Owned by the configuration: deleting it (helm uninstall) garbage-collects the Secret.
+    assert api.owners[f"{NAMESPACE}/webhook-tls"] == Owner(MWC, "mwc-uid-1")
     # A second pass changes nothing: no write, no patch.
     api.calls.clear()
     manager.ensure()
@@ -261,7 +272,11 @@ def test_replicas_renewing_at_once_agree_and_the_other_adopts(tmp_path: Path) ->
     stored = api.read_secret(NAMESPACE, "webhook-tls")
     assert stored is not None
     api.replace_secret(
-        NAMESPACE, "webhook-tls", {**stored.data, TLS_CERT: stored.data[TLS_CERT]}, stored.resource_version
+        NAMESPACE,
+        "webhook-tls",
+        {**stored.data, TLS_CERT: stored.data[TLS_CERT]},
+        stored.resource_version,
+        Owner(MWC, "mwc-uid-1"),
     )
     a.ensure()
     b.ensure()
@@ -287,7 +302,7 @@ def test_conflicting_replace_is_retried_from_a_fresh_read(tmp_path: Path) -> Non
         got = real_read(namespace, name)
         if not raced and got is not None:  # another replica writes right after our first read
             raced.append(True)
-            api.replace_secret(namespace, name, got.data, got.resource_version)
+            api.replace_secret(namespace, name, got.data, got.resource_version, Owner(MWC, "mwc-uid-1"))
         return got
 
     api.read_secret = racing_read  # type: ignore[method-assign]
@@ -481,3 +496,20 @@ def test_start_from_args_prepares_the_cert_dir_before_the_service(
     from ix_gpu.webhook.service.server import ensure_certificates
 
     assert ensure_certificates(tmp_path) == (tmp_path / "tls.crt", tmp_path / "tls.key")
+
+
+def test_a_renewal_keeps_the_owner_and_gives_an_ownerless_secret_one(tmp_path: Path) -> None:
+    """A PUT replaces ownerReferences, so every replace carries the owner again; a Secret written
+    by an older version (no owner) gains it at its next renewal."""
+    api = StandIn()
+    api.mwc_uid = None  # configuration not found when the Secret was created
+    clock = Clock()
+    manager = _manager(api, tmp_path, clock, validity=dt.timedelta(days=90))
+    manager.ensure()
+    key = f"{NAMESPACE}/webhook-tls"
+    assert api.owners[key] is None
+    api.mwc_uid = "mwc-uid-2"
+    clock.now += dt.timedelta(days=65)
+    manager.ensure()
+    assert manager.events[-2:] == ["renewed", "wrote-cert"]
+    assert api.owners[key] == Owner(MWC, "mwc-uid-2")

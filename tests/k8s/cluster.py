@@ -9,9 +9,9 @@ It runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and two No
 ``gpu-b``: each a real kubelet on its own fake-cri (own pod CIDR, own device-plugin directory, own
 private mount namespace; see ``k8s_tier.start_kubelet_node``) with the real ``ix-gpu plugin --backend
 fake`` serving into that directory as a host process (``gpu-a``: two BI-V150 boards of two chips;
-``gpu-b``: two single-chip BI-V100 boards). There is no kube-proxy: the apiserver runs with
-``--enable-aggregator-routing=true``, so it dials the endpoints of a webhook's Service (its
-EndpointSlices), not the ClusterIP.
+``gpu-b``: two single-chip BI-V100 boards), labelling its Node as the chart's plugin does. There is
+no kube-proxy: the apiserver runs with ``--enable-aggregator-routing=true``, so it dials the
+endpoints of a webhook's Service (its EndpointSlices), not the ClusterIP.
 
 ``up`` starts a detached supervisor (``python -m tests.k8s.cluster serve``, its own session) that owns
 every process and stops them all on SIGTERM; ``DIR/state.json`` holds the pids, ports and paths,
@@ -59,6 +59,7 @@ from tests.k8s.k8s_tier import (
 )
 from tests.support.cli import ix_gpu
 from tests.support.net import free_port
+from tests.support.paths import ROOT
 from tests.support.plugin_process import PluginProcess
 from tests.support.processes import Process, start_process
 from tests.support.waiting import wait_until
@@ -143,6 +144,15 @@ def _apply(api: KubeAPI, collection: str, body: dict[str, Any]) -> None:
         raise RuntimeError(f"POST {collection}: {status} {reply}")
 
 
+def with_node_labels(plugin_config: str) -> str:
+    """``plugin_config`` with ``labels.enabled: true``, as the chart runs the plugin (``plugin.nodeLabels``):
+    each node's plugin labels its Node (``ix-gpu.io/gpu.product`` ...), which the webhook's GPU-type
+    affinity selects on."""
+    data = yaml.safe_load(plugin_config) or {}
+    data.setdefault("labels", {})["enabled"] = True
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def host_address() -> str | None:
     """This machine's first global-scope IPv4 address (an EndpointSlice may name it), or None."""
     try:
@@ -184,6 +194,7 @@ class MiniCluster:
         log_dir: Path | None = None,
         plugin_mode: str = "process",
         node_ip: str = "127.0.0.1",
+        kubelet_config: dict[str, Any] | None = None,
     ) -> None:
         """``plugin_config``: the plugins' ix-config (None: start no plugin). ``containers_path``: the
         containers' PATH (default: this interpreter's directory, then the system's). ``log_dir``:
@@ -191,7 +202,10 @@ class MiniCluster:
         node's plugin as a host process (``plugins``); ``daemonset`` runs it as the pods of a
         DaemonSet in kube-system (``plugin_pods``), through the kubelets and fake-cri. ``node_ip``:
         the kubelets' address and the Nodes' InternalIP (``host_address()`` lets hostNetwork pods be
-        Service endpoints; see ``start_kubelet_node``)."""
+        Service endpoints; see ``start_kubelet_node``). ``kubelet_config``: KubeletConfiguration keys
+        for every node (e.g. a shorter ``syncFrequency``, which bounds how soon a changed ConfigMap
+        reaches a pod's volume)."""
+        self.kubelet_config = kubelet_config
         self.node_ip = node_ip
         if plugin_mode not in ("process", "daemonset"):
             raise ValueError(f"plugin_mode: {plugin_mode!r}")
@@ -313,9 +327,11 @@ class MiniCluster:
                 name=spec.name,
                 pod_cidr=spec.pod_cidr,
                 path=self.containers_path,
+                image_dirs=(ROOT, Path(sys.prefix)),  # the ix-gpu installation every image runs
                 ignore_run_as_user=True,  # this machine's Python lives under /root, mode 700
                 labels={"ix-gpu.io/test-node": "true"},
                 node_ip=self.node_ip,
+                kubelet_config=self.kubelet_config,
             )
         for node in self.nodes.values():
             node.wait_ready()
@@ -332,9 +348,11 @@ class MiniCluster:
                     self.work_dir / "plugins" / spec.name,
                     node.plugin_dir,
                     spec.devices,
-                    self.plugin_config,
+                    with_node_labels(self.plugin_config),
                     self.log_dir,
                     name=f"ix-gpu-plugin-{spec.name}",
+                    kubeconfig=self.kubeconfig,
+                    node=spec.name,
                 ).start()
             for spec in self.node_specs:
                 self.wait_allocatable(spec.name, lambda n: n > 0)

@@ -14,6 +14,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -214,6 +215,20 @@ class KubeAPI:
     ) -> tuple[int, Any]:
         """A raw API call; returns (HTTP status, decoded JSON or text). For PATCH pass e.g.
         ``content_type="application/merge-patch+json"``."""
+        status, reply, _ = self.request_with_warnings(method, path, body, timeout, token, content_type)
+        return status, reply
+
+    def request_with_warnings(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float = 30,
+        token: str | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any, list[str]]:
+        """``request``, plus the texts of the response's ``Warning`` headers (what kubectl prints,
+        e.g. an admission webhook's warnings)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self.url + path,
@@ -226,13 +241,18 @@ class KubeAPI:
         )
         try:
             with urllib.request.urlopen(req, context=self.ssl_context(), timeout=timeout) as resp:
-                status, raw = resp.status, resp.read()
+                status, raw, headers = resp.status, resp.read(), resp.headers
         except urllib.error.HTTPError as err:
-            status, raw = err.code, err.read()
+            status, raw, headers = err.code, err.read(), err.headers
+        # RFC 7234: 299 - "quoted text", backslash escapes inside
+        warnings = [
+            re.sub(r"\\(.)", r"\1", w.split(" ", 2)[-1].removeprefix('"').removesuffix('"'))
+            for w in headers.get_all("Warning") or []
+        ]
         try:
-            return status, json.loads(raw)
+            return status, json.loads(raw), warnings
         except ValueError:
-            return status, raw.decode(errors="replace")
+            return status, raw.decode(errors="replace"), warnings
 
     def api_client(self) -> Any:
         """A fresh ``kubernetes.client.ApiClient`` for this apiserver (use it as a context manager)."""
@@ -591,6 +611,7 @@ def start_kubelet_node(
     pod_cidr: str = "127.0.1.0/24",
     path: str | None = None,
     images: dict[str, str] | None = None,
+    image_dirs: Sequence[Path] = (),
     ignore_run_as_user: bool = False,
     labels: dict[str, str] | None = None,
     kubelet_config: dict[str, Any] | None = None,
@@ -603,6 +624,9 @@ def start_kubelet_node(
     ``pod_cidr``: the loopback range of this node's pod IPs (give each node its own). ``path``: the
     containers' PATH, where image commands are found (default: this process's PATH). ``images``:
     image (repository or its last path component) -> the command it runs when a pod gives none.
+    ``image_dirs``: host directories that are part of every image (the installation the containers
+    run), kept visible under a pod volume mounted over an ancestor: the chart's webhook mounts an
+    emptyDir at /tmp, which would hide a checkout under /tmp.
     ``kubelet_config``: keys that replace those of ``kubelet_node_config``. ``node_ip``: where the
     kubelet listens and the Node's InternalIP (and hostNetwork pods' IP). The kubelet refuses to
     report a loopback one, so ``wait_ready`` writes the addresses then; a routable one (this machine's
@@ -631,6 +655,7 @@ def start_kubelet_node(
             f"--path={path or os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
         ]
         cri_argv += [f"--image={image}={command}" for image, command in (images or {}).items()]
+        cri_argv += [f"--image-dir={directory.resolve()}" for directory in image_dirs]
         if ignore_run_as_user:
             cri_argv.append("--ignore-run-as-user")
         launcher = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", NODE_LAUNCHER]

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.extra_container_webhook import SIDECAR_NAME, ExtraContainerWebhook
 from tests.k8s.k8s_tier import Etcd, K8sBinaries, KubeAPI, start_kube_apiserver
 from tests.k8s.webhook_fixtures import (
@@ -313,18 +314,7 @@ def seed_tfjob(name: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tfjob_crd(kube_api: KubeAPI) -> str:
-    crd = yaml.safe_load((HERE / "tfjob-crd.yaml").read_text())
-    resp = api(kube_api, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-    assert resp.ok() or resp.status == 409, resp.body
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/tfjobs.kubeflow.org"
-
-    def established() -> bool:
-        conditions = must(api(kube_api, "GET", path)).get("status", {}).get("conditions") or []
-        ok = any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-        return ok and api(kube_api, "GET", "/apis/kubeflow.org/v1").ok()
-
-    wait_until(established, "TFJob CRD established", 60, interval=0.2)
-    return "/apis/kubeflow.org/v1"
+    return install_crd(kube_api, kubeflow_tfjob_crd())
 
 
 def test_tfjob_gpu_replica_templates_only(

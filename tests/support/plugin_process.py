@@ -33,7 +33,11 @@ class PluginProcess:
         *,
         name: str = "ix-gpu-plugin",
         metrics_port: int = 0,
+        kubeconfig: Path | None = None,
+        node: str | None = None,
     ) -> None:
+        """``kubeconfig`` and ``node``: the API server and the Node the plugin labels (with
+        ``labels.enabled`` in ``config``), as NODE_NAME and the service account give it in a pod."""
         work.mkdir(parents=True, exist_ok=True)
         self.plugin_dir = plugin_dir
         self.devices = work / "fake-devices.yaml"
@@ -42,6 +46,8 @@ class PluginProcess:
         self.log_dir = log_dir
         self.name = name
         self.metrics_port = metrics_port
+        self.kubeconfig = kubeconfig
+        self.node = node
         self.process: Process | None = None
         write_atomic(self.devices, devices)
         self.config.write_text(config)
@@ -55,7 +61,9 @@ class PluginProcess:
             "--device-plugin-dir", str(self.plugin_dir),
             "--config", str(self.config),
             "--metrics-port", str(self.metrics_port),
+            *(["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []),
             log_dir=self.log_dir,
+            env={"NODE_NAME": self.node} if self.node else None,
         )  # fmt: skip
         return self
 

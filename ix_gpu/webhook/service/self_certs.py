@@ -15,6 +15,10 @@ webhooks in flight never see an unknown issuer. Only when the CA itself would ex
 new CA made; the caBundle then holds the new and the old CA (``ca-bundle.crt``) and is patched
 *before* a certificate from the new CA is written for the server to load.
 
+The Secret is owned by that MutatingWebhookConfiguration (an ownerReference, written with every
+create and replace), so deleting the configuration (``helm uninstall``) lets the garbage collector
+delete the Secret too, and a later install starts with a new CA instead of a stale one.
+
 The Secret keys: ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key`` (type kubernetes.io/tls) and
 ``ca-bundle.crt``. The kubernetes client is reached through :class:`ClusterApi`, so the logic is
 tested against a local stand-in and the adapter against a real apiserver.
@@ -57,24 +61,38 @@ class SelfCertError(Exception):
 
 
 @dataclass(frozen=True)
+class Owner:
+    """The MutatingWebhookConfiguration the Secret belongs to (an ownerReference)."""
+
+    name: str
+    uid: str
+    api_version: str = "admissionregistration.k8s.io/v1"
+    kind: str = "MutatingWebhookConfiguration"
+
+
+@dataclass(frozen=True)
 class StoredSecret:
     data: dict[str, bytes]
     resource_version: str
 
 
 class ClusterApi(Protocol):
-    """The four calls self mode makes — exactly what the chart's RBAC grants."""
+    """The calls self mode makes — exactly what the chart's RBAC grants."""
 
     def read_secret(self, namespace: str, name: str) -> StoredSecret | None: ...
 
-    def create_secret(self, namespace: str, name: str, data: dict[str, bytes]) -> bool:
+    def create_secret(self, namespace: str, name: str, data: dict[str, bytes], owner: Owner | None) -> bool:
         """False when the Secret already exists (another replica was first)."""
         ...
 
     def replace_secret(
-        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str
+        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str, owner: Owner | None
     ) -> bool:
         """False on a resourceVersion conflict (another replica wrote in between)."""
+        ...
+
+    def configuration_uid(self, configuration: str) -> str | None:
+        """The configuration's uid; None when it does not exist."""
         ...
 
     def read_ca_bundles(self, configuration: str) -> list[tuple[str, bytes | None]]:
@@ -222,7 +240,7 @@ class SelfCertManager:
         stored = self.api.read_secret(s.namespace, s.secret_name)
         if stored is None:
             material = self._new_material()
-            if self.api.create_secret(s.namespace, s.secret_name, material.secret_data()):
+            if self.api.create_secret(s.namespace, s.secret_name, material.secret_data(), self._owner()):
                 self._note("created", f"created Secret {s.namespace}/{s.secret_name} with a new CA")
                 return material
             return None  # another replica created it first: adopt theirs on the next read
@@ -251,11 +269,19 @@ class SelfCertManager:
                 material.cert, material.key = self._issue(material.ca_cert, material.ca_key)
                 event = "renewed"
         if not self.api.replace_secret(
-            s.namespace, s.secret_name, material.secret_data(), stored.resource_version
+            s.namespace, s.secret_name, material.secret_data(), stored.resource_version, self._owner()
         ):
             return None
         self._note(event, f"{event} the webhook certificate: {reason}")
         return material
+
+    def _owner(self) -> Owner | None:
+        """The Secret's owner, read before each write (an ownerless Secret of an older version
+        gains it at its next renewal). A missing configuration leaves the Secret ownerless: the
+        caBundle patch that follows then reports the real problem."""
+        name = self.settings.webhook_configuration
+        uid = self.api.configuration_uid(name)
+        return None if uid is None else Owner(name, uid)
 
     def _publish(self, material: _Material, wrote_secret: bool) -> None:
         # Order matters: the apiserver must trust the CA before the server presents a certificate
@@ -384,23 +410,31 @@ class KubernetesClusterApi:
         version = secret.metadata.resource_version if secret.metadata is not None else None
         return StoredSecret(data, str(version or ""))
 
-    def _body(self, name: str, data: dict[str, bytes], resource_version: str | None) -> Any:
+    def _body(
+        self, name: str, data: dict[str, bytes], resource_version: str | None, owner: Owner | None
+    ) -> Any:
         c = self._client
+        owners = None
+        if owner is not None:
+            owners = [
+                c.V1OwnerReference(api_version=owner.api_version, kind=owner.kind, name=owner.name, uid=owner.uid)
+            ]
         return c.V1Secret(
             metadata=c.V1ObjectMeta(
                 name=name,
                 resource_version=resource_version,
                 labels={"app.kubernetes.io/managed-by": "ix-gpu-webhook"},
+                owner_references=owners,
             ),
             type="kubernetes.io/tls",
             data={key: base64.b64encode(value).decode() for key, value in data.items()},
         )
 
-    def create_secret(self, namespace: str, name: str, data: dict[str, bytes]) -> bool:
+    def create_secret(self, namespace: str, name: str, data: dict[str, bytes], owner: Owner | None) -> bool:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._core.create_namespaced_secret(namespace, self._body(name, data, None))
+            self._core.create_namespaced_secret(namespace, self._body(name, data, None, owner))
         except ApiException as exc:
             if self._status(exc) == 409:
                 return False
@@ -408,17 +442,29 @@ class KubernetesClusterApi:
         return True
 
     def replace_secret(
-        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str
+        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str, owner: Owner | None
     ) -> bool:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._core.replace_namespaced_secret(name, namespace, self._body(name, data, resource_version))
+            body = self._body(name, data, resource_version, owner)
+            self._core.replace_namespaced_secret(name, namespace, body)
         except ApiException as exc:
             if self._status(exc) == 409:
                 return False
             raise
         return True
+
+    def configuration_uid(self, configuration: str) -> str | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            mwc = self._admission.read_mutating_webhook_configuration(configuration)
+        except ApiException as exc:
+            if self._status(exc) == 404:
+                return None
+            raise
+        return str(mwc.metadata.uid) if mwc.metadata is not None and mwc.metadata.uid else None
 
     def read_ca_bundles(self, configuration: str) -> list[tuple[str, bytes | None]]:
         mwc = self._admission.read_mutating_webhook_configuration(configuration)

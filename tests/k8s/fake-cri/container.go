@@ -33,6 +33,7 @@ type initSpec struct {
 	WorkingDir string       `json:"working_dir"`
 	Mounts     []mountSpec  `json:"mounts"`
 	Devices    []deviceSpec `json:"devices"`
+	ImageDirs  []string     `json:"image_dirs,omitempty"`
 	Hostname   string       `json:"hostname,omitempty"` // set: an own UTS namespace with this hostname
 	UID        *int64       `json:"uid,omitempty"`
 	GID        *int64       `json:"gid,omitempty"`
@@ -132,6 +133,7 @@ func newContainer(r *runtime, sb *sandbox, cfg *runtimeapi.ContainerConfig) (*co
 		Scratch: filepath.Join(r.opts.stateDir, "containers", id, "scratch"),
 		Argv:    argv, Env: env.list, WorkingDir: cfg.GetWorkingDir(),
 		Mounts: mounts, Devices: devices, UID: uid, GID: gid, Groups: groups,
+		ImageDirs: r.opts.imageDirs,
 	}
 	if !sb.hostNetwork() {
 		spec.Hostname = hostname

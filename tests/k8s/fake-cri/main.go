@@ -2,7 +2,7 @@
 // socket) that really runs pods for a real kubelet, without images or a container engine:
 //
 //	fake-cri --endpoint unix:///path/to/cri.sock [--state-dir DIR] [--pod-cidr 127.0.1.0/24]
-//	         [--path PATH] [--image NAME=COMMAND ...] [--ignore-run-as-user]
+//	         [--path PATH] [--image NAME=COMMAND ...] [--image-dir DIR ...] [--ignore-run-as-user]
 //
 // The model:
 //
@@ -30,6 +30,10 @@
 //     the pod gives no command, the image's entrypoint is the --image mapping for that image, or
 //     else the last path component of the image's repository (so "registry.example/ix-gpu:1.0"
 //     runs the host's "ix-gpu" found on PATH). Images run as root unless the pod sets runAsUser.
+//     The host's files are every image's files, so a pod volume over an ancestor of the
+//     installation the containers run (an emptyDir at /tmp when that installation is a checkout
+//     under /tmp) would hide it; each --image-dir is therefore bound again at its own path after
+//     such a volume, as an image's files stay visible beside its volumes in a real runtime.
 //   - Env: PATH (--path, default this process's PATH), HOSTNAME, HOME, then the CRI request's env
 //     (the pod's env plus what a device plugin's Allocate returned), then FAKE_CRI_POD_IP (the
 //     sandbox's address; absent for host-network pods), FAKE_CRI_DEVICES and
@@ -76,6 +80,19 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 type imageFlag map[string][]string
 
+// listFlag is a repeatable flag.
+type listFlag []string
+
+func (f *listFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *listFlag) Set(v string) error {
+	if !filepath.IsAbs(v) {
+		return fmt.Errorf("want an absolute path, got %q", v)
+	}
+	*f = append(*f, filepath.Clean(v))
+	return nil
+}
+
 func (f imageFlag) String() string { return fmt.Sprint(map[string][]string(f)) }
 
 func (f imageFlag) Set(v string) error {
@@ -97,6 +114,8 @@ func main() {
 	path := flag.String("path", "", "PATH of the containers, used to find their commands (default: this process's PATH)")
 	images := imageFlag{}
 	flag.Var(images, "image", "NAME=COMMAND: the entrypoint of an image (repository, or its last path component) when the pod gives no command; repeatable")
+	var imageDirs listFlag
+	flag.Var(&imageDirs, "image-dir", "DIR: a host directory that is part of every image (the installation containers run); kept visible under pod volumes mounted over its ancestors; repeatable")
 	ignoreUser := flag.Bool("ignore-run-as-user", false, "run every container as root, whatever runAsUser/runAsGroup say (they are still recorded)")
 	flag.Parse()
 	if *endpoint == "" || !strings.HasPrefix(*endpoint, "unix://") {
@@ -117,7 +136,7 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
-	rt, err := newRuntime(options{stateDir: *stateDir, path: *path, images: images, ignoreUser: *ignoreUser}, ips)
+	rt, err := newRuntime(options{stateDir: *stateDir, path: *path, images: images, imageDirs: imageDirs, ignoreUser: *ignoreUser}, ips)
 	if err != nil {
 		fatal(err)
 	}

@@ -10,7 +10,8 @@ package main
 //  1. a tmpfs on <state>/containers/<id>/scratch (on the host that stays an empty directory);
 //  2. scratch/root: the host's root, bound recursively;
 //  3. every CRI mount bound (recursively) at its container path under scratch/root, shallow paths
-//     first, then remounted read-only when asked; then every device;
+//     first, then remounted read-only when asked; an image directory that such a mount covers is
+//     bound again at its own path, in the same depth order; then every device;
 //  4. chroot(scratch/root), chdir(working dir).
 //
 // A mount point that does not exist is never created on the host: the nearest existing parent
@@ -69,6 +70,11 @@ func setupAndExec(recordPath string) error {
 	}
 
 	mounts := append([]mountSpec(nil), spec.Mounts...)
+	for _, dir := range spec.ImageDirs {
+		if coveredByMount(dir, spec.Mounts) {
+			mounts = append(mounts, mountSpec{HostPath: dir, ContainerPath: dir})
+		}
+	}
 	sort.SliceStable(mounts, func(i, j int) bool { return depth(mounts[i].ContainerPath) < depth(mounts[j].ContainerPath) })
 	for _, m := range mounts {
 		if err := v.mount(m); err != nil {
@@ -130,6 +136,17 @@ func setupAndExec(recordPath string) error {
 	}
 	err = syscall.Exec(path, spec.Argv, spec.Env)
 	return fmt.Errorf("exec %s: %w", path, err)
+}
+
+// coveredByMount says whether a CRI mount's container path is a proper ancestor of dir.
+func coveredByMount(dir string, mounts []mountSpec) bool {
+	for _, m := range mounts {
+		at := filepath.Clean("/" + m.ContainerPath)
+		if at == "/" || strings.HasPrefix(dir, at+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 func depth(p string) int { return strings.Count(filepath.Clean("/"+p), "/") }

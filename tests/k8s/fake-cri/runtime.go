@@ -26,6 +26,7 @@ type options struct {
 	stateDir   string
 	path       string
 	images     map[string][]string
+	imageDirs  []string
 	ignoreUser bool
 }
 
