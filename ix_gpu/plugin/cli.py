@@ -69,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help=f"port for /healthz and /metrics (default {DEFAULT_METRICS_PORT}; 0 disables)",
     )
     plugin.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address /healthz and /metrics listen on (default 0.0.0.0, every IPv4 address; "
+        "e.g. the pod IP from the downward API where pods share a network namespace)",
+    )
+    plugin.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="for node labels and per-node configs outside a Pod (token users only; default: in-cluster)",
@@ -214,6 +221,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         device_plugin_dir=directory,
         config_path=config_path,
         metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
         node_name=node_name,
         api_server=api_server,
         config_dir=config_dir,

@@ -2,12 +2,13 @@
 v4 CLI: an operator's install, a user's GPU workloads, and the operator's day two.
 
 One cluster for the module: ``gpu-a`` (two BI-V150 boards of two chips) and ``gpu-b`` (two
-single-chip BI-V100 boards), each with the real plugin (fake backend, the seed 004 ix-config, node
-labels on, as the chart's ``plugin.nodeLabels``). One release, ``ixg`` in ``ix-gpu-system``, whose
-``config`` value expresses seed 000 (the seed's NVIDIA device nodes, LD_LIBRARY_PATH and privileged
-in ``ml-team`` only) beside the built-in Iluvatar profile. The tests share the release and run in
-file order: install, GPU type, seed 000, a Deployment, failurePolicy without webhook pods, a config
-that fails to load, ``helm upgrade``, ``helm test``, ``helm uninstall``.
+single-chip BI-V100 boards), no plugin of its own. One release, ``ixg`` in ``ix-gpu-system``: the
+chart's DaemonSet runs the plugin on both nodes with seed 004's ix-config as ``plugin.config``
+(``flags.splitboard: false``, ``sharing.timeSlicing.replicas: 4``) and node labels on (the
+default); the ``config`` value expresses seed 000 (the seed's NVIDIA device nodes, LD_LIBRARY_PATH
+and privileged in ``ml-team`` only) beside the built-in Iluvatar profile. The tests share the
+release and run in file order: install, GPU type, seed 000, a Deployment, failurePolicy without
+webhook pods, a config that fails to load, ``helm upgrade``, ``helm test``, ``helm uninstall``.
 
 Where this cluster differs from a real one, and what the values do about it (nothing else is
 changed after ``helm install``):
@@ -19,9 +20,12 @@ changed after ``helm install``):
 - No kube-proxy: the in-cluster apiserver address the kubelet gives pods (the ``kubernetes``
   Service's ClusterIP) leads nowhere, so ``webhook.extraEnv`` and ``tests.extraEnv`` set
   ``KUBERNETES_SERVICE_HOST``/``PORT`` to the apiserver's real address.
-- ``plugin.enabled: false``: the nodes' plugins are the cluster's host processes, because the
-  chart's DaemonSet would run ``--backend auto`` and find no GPU on this machine.
-- The Iluvatar driver root is a directory of the test (this machine has no /usr/local/corex).
+- No GPU: ``plugin.extraEnv`` selects the fake backend (``IX_GPU_BACKEND``) and each node's devices
+  file (``IX_GPU_FAKE_DEVICES``, a host path with ``$(NODE_NAME)``; fake-cri's containers see the
+  host's files). fake-cri's pods share one network namespace, so each plugin binds /healthz and
+  /metrics on its pod IP (``IX_GPU_METRICS_HOST`` from the downward API) instead of 0.0.0.0.
+- The Iluvatar driver root (``plugin.driver.root`` and the webhook profile's hostPath) is a
+  directory of the test (this machine has no /usr/local/corex).
 - The kubelets' ``syncFrequency`` is 5 s (default 1 min), which bounds how soon a changed ConfigMap
   reaches the webhook pod's volume.
 """
@@ -145,6 +149,22 @@ class Release:
 
         wait_until(serving, what, timeout, interval=0.5, details=self._webhook_details)
 
+    def plugin_logs(self) -> str:
+        """The plugin pods' statuses and their containers' last logs (a failed start shows here)."""
+        out = []
+        pods = request_ok(
+            self.api, "GET", f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3Ddevice-plugin"
+        )
+        for pod in pods["items"]:
+            name = pod["metadata"]["name"]
+            out.append(f"{name} on {pod['spec'].get('nodeName')}: {pod['status'].get('containerStatuses')}")
+            for previous in ("true", "false"):
+                log = self.api.request("GET", f"{NS_PATH}/pods/{name}/log?previous={previous}&tailLines=15")[
+                    1
+                ]
+                out.append(f"  log (previous={previous}): {str(log)[-1500:]}")
+        return "\n".join(out)
+
     def _webhook_details(self) -> str:
         return yaml.safe_dump(
             [
@@ -168,11 +188,16 @@ def release(
     driver_root = work / "corex"
     (driver_root / "lib64").mkdir(parents=True)
     started = time.monotonic()
+    nodes = node_specs(14)  # pod IPs apart from the other modules' clusters
+    devices = work / "fake-devices"
+    devices.mkdir()
+    for spec in nodes:
+        (devices / f"{spec.name}.yaml").write_text(spec.devices)
     with MiniCluster(
         work / "cluster",
         binaries=build_cluster_binaries(),
-        nodes=node_specs(14),  # pod IPs apart from the other modules' clusters
-        plugin_config=SEED_004_CONFIG,
+        nodes=nodes,
+        plugin_config=None,  # the chart's DaemonSet runs the plugin
         log_dir=k8s_log_dir / "chart",
         node_ip=address,
         kubelet_config={"syncFrequency": "5s"},
@@ -192,7 +217,16 @@ def release(
                 "podDisruptionBudget": {"enabled": False},
                 "extraEnv": api_env,
             },
-            "plugin": {"enabled": False},
+            "plugin": {
+                "config": yaml.safe_load(SEED_004_CONFIG),
+                "driver": {"root": str(driver_root)},
+                "extraEnv": [
+                    *api_env,
+                    {"name": "IX_GPU_BACKEND", "value": "fake"},
+                    {"name": "IX_GPU_FAKE_DEVICES", "value": f"{devices}/$(NODE_NAME).yaml"},
+                    {"name": "IX_GPU_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                ],
+            },
             "tests": {"extraEnv": api_env},
         }
         installed = Release(mini, helm, work, address, values)
@@ -203,6 +237,14 @@ def release(
         )
         assert result.returncode == 0, result.stderr
         installed.wait_serving("the chart's webhook Deployment available with a ready endpoint")
+        for spec in nodes:
+            wait_until(
+                lambda name=spec.name: (mini.node_resource(name) or (0, 0))[1] > 0,
+                f"{spec.name}'s devices from the chart's plugin pod",
+                90,
+                interval=0.5,
+                details=installed.plugin_logs,
+            )
         print(f"helm install to a ready webhook endpoint: {time.monotonic() - started:.1f}s")
         yield installed
 
@@ -216,6 +258,29 @@ def container_env(obj: dict[str, Any]) -> dict[str, str | None]:
 
 
 # --------------------------------------------------------------------------- install
+
+
+def test_install_plugin_pods_advertise_seed_004s_replicas_and_label_their_nodes(release: Release) -> None:
+    api = release.api
+    pods = request_ok(api, "GET", f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3Ddevice-plugin")
+    assert sorted(p["spec"]["nodeName"] for p in pods["items"]) == ["gpu-a", "gpu-b"], pods
+    for pod in pods["items"]:
+        # Started, then kept, by the kubelet's startup and liveness probes on /healthz.
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["started"] is True and status["restartCount"] == 0, status
+        log = str(request_ok(api, "GET", f"{NS_PATH}/pods/{pod['metadata']['name']}/log"))
+        assert "registered iluvatar.com/gpu with the kubelet" in log, log[-2000:]
+    # Two boards, one device each (splitboard: false), each shared by 4.
+    assert release.cluster.node_resource("gpu-a") == (8, 8)
+    assert release.cluster.node_resource("gpu-b") == (8, 8)
+    for node, product, count in (("gpu-a", "BI-V150", "8"), ("gpu-b", "BI-V100", "8")):
+        labels = (release.cluster.nodes[node].node() or {})["metadata"]["labels"]
+        published = {k: v for k, v in labels.items() if k.startswith("ix-gpu.io/gpu.")}
+        assert published["ix-gpu.io/gpu.product"] == product, published
+        assert published["ix-gpu.io/gpu.vendor"] == "iluvatar", published
+        assert (published["ix-gpu.io/gpu.count"], published["ix-gpu.io/gpu.replicas"]) == (count, "4")
+        print(f"{node}: {published}")
 
 
 def test_install_webhook_pod_owns_its_certificate_and_the_seed_pod_runs_with_its_driver(
@@ -584,6 +649,8 @@ def test_helm_uninstall_leaves_nothing_behind_and_gpu_pods_are_then_admitted_unm
         "/api/v1/namespaces/{ns}/pods",
         "/apis/apps/v1/namespaces/{ns}/deployments",
         "/apis/apps/v1/namespaces/{ns}/replicasets",
+        "/apis/apps/v1/namespaces/{ns}/daemonsets",
+        "/apis/apps/v1/namespaces/{ns}/controllerrevisions",
         "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
@@ -619,6 +686,15 @@ def test_helm_uninstall_leaves_nothing_behind_and_gpu_pods_are_then_admitted_unm
         interval=1,
         details=lambda: str(left_behind()),
     )
+    # The plugins said "all Unhealthy" on SIGTERM: nothing is allocatable any more. (The Nodes keep
+    # the ix-gpu.io/gpu.* labels the plugins published; see the chart README.)
+    for node in ("gpu-a", "gpu-b"):
+        wait_until(
+            lambda node=node: (release.cluster.node_resource(node) or (0, 0))[1] == 0,
+            f"nothing allocatable on {node}",
+            60,
+            interval=0.5,
+        )
     namespace = f"after-{secrets.token_hex(3)}"
     new_namespace(api, namespace)
     status, created = dry_run(api, namespace, gpu_pod("unmodified", None, SLEEP))

@@ -29,9 +29,9 @@ def start_plugin(base: Path, devices: Path, metrics_port: int = 0) -> PluginProc
     ).start()
 
 
-def http_get(port: int, path: str) -> tuple[int, str]:
+def http_get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -91,6 +91,46 @@ def test_healthz_reports_library_failure(short_tmp: Path, fake_devices: Path) ->
         assert "ixml gone" in body
     finally:
         plugin.terminate(10)
+
+
+def test_metrics_host_binds_one_address_and_a_taken_port_is_one_error_line(
+    short_tmp: Path, fake_devices: Path
+) -> None:
+    """Pods that share a network namespace (hostNetwork, or fake-cri's) each bind their own address;
+    a port already taken there stops the plugin with one line naming the address, no traceback."""
+    directory = short_tmp / "dp"
+    directory.mkdir()
+    config = write_config(short_tmp, FAST_HEALTH)
+    port = free_port()
+    (short_tmp / "dp2").mkdir()
+    common = [
+        "plugin", "--backend", "fake", "--fake-devices", str(fake_devices), "--config", str(config),
+        "--metrics-port", str(port), "--metrics-host", "127.0.0.2",
+    ]  # fmt: skip
+    first = ix_gpu_process("plugin-a", *common, "--device-plugin-dir", str(directory), log_dir=short_tmp)
+    try:
+
+        def answering() -> bool:
+            try:
+                return http_get(port, "/healthz", host="127.0.0.2")[0] in (200, 503)
+            except (urllib.error.URLError, ConnectionError):
+                return False
+
+        wait_until(
+            answering,
+            "the first plugin's /healthz on 127.0.0.2",
+            20,
+            process=first,
+        )
+        with pytest.raises(urllib.error.URLError):
+            http_get(port, "/healthz")  # 127.0.0.1: not bound
+        # Same address and port: refused at start, as one JSON log line.
+        second = ix_gpu(*common, "--device-plugin-dir", str(short_tmp / "dp2"), timeout=30)
+        assert second.returncode == 1, second.stderr
+        assert f"cannot serve /healthz and /metrics on 127.0.0.2:{port}" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr, second.stderr
+    finally:
+        first.stop()
 
 
 HEAVY = ("grpc", "prometheus_client")

@@ -319,9 +319,17 @@ class PluginApp:
         if self.settings.metrics_port is not None:
             from ix_gpu.plugin.server.http_endpoints import start_http_server
 
-            http_server = await start_http_server(
-                self, self.settings.metrics_host, self.settings.metrics_port
-            )
+            address = f"{self.settings.metrics_host}:{self.settings.metrics_port}"
+            try:
+                http_server = await start_http_server(
+                    self, self.settings.metrics_host, self.settings.metrics_port
+                )
+            except OSError as exc:  # in use, or not an address of this host: say which, once
+                log.error("cannot serve /healthz and /metrics on %s: %s", address, exc.strerror or exc)
+                if handle_signals:
+                    for sig in (signal.SIGTERM, signal.SIGINT):
+                        loop.remove_signal_handler(sig)
+                return 1
         registrar = asyncio.create_task(self.registrar.run(self.stop_event), name="registrar")
         health = asyncio.create_task(self._health_loop(), name="health")
         try:

@@ -416,9 +416,10 @@ class KubernetesClusterApi:
         c = self._client
         owners = None
         if owner is not None:
-            owners = [
-                c.V1OwnerReference(api_version=owner.api_version, kind=owner.kind, name=owner.name, uid=owner.uid)
-            ]
+            reference = c.V1OwnerReference(
+                api_version=owner.api_version, kind=owner.kind, name=owner.name, uid=owner.uid
+            )
+            owners = [reference]
         return c.V1Secret(
             metadata=c.V1ObjectMeta(
                 name=name,
