@@ -32,6 +32,7 @@ changed after ``helm install``):
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import json
@@ -633,6 +634,33 @@ def test_helm_test_dry_runs_a_gpu_pod_through_the_webhook(release: Release) -> N
     print(result.stdout[-1500:])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Succeeded" in result.stdout and "injected" in result.stdout, result.stdout
+
+
+def test_seed_004_gpu_a_holds_eight_pods_and_a_ninth_is_pending(release: Release) -> None:
+    """Seed 004's arithmetic through the chart's plugin: 2 boards x 4 replicas on gpu-a, each board
+    handed out exactly 4 times; the ninth pod waits with the scheduler's reason."""
+    api = release.api
+    namespace = f"fill-a-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    names = [f"holder-{i}" for i in range(8)]
+    for name in names:
+        request_ok(api, "POST", f"{ns}/pods", gpu_pod(name, "gpu-a", SLEEP))
+    for name in names:  # pods of earlier tests may still be releasing their replicas
+        wait_running(api, namespace, name, timeout=120)
+    records = [
+        r for r in release.cluster.nodes["gpu-a"].container_records()
+        if r["pod"]["namespace"] == namespace and not r.get("removed")
+    ]  # fmt: skip
+    boards = collections.Counter(iluvatar_paths(r) for r in records)
+    board0, board1 = ("/dev/iluvatar0", "/dev/iluvatar1"), ("/dev/iluvatar2", "/dev/iluvatar3")
+    assert boards == {board0: 4, board1: 4}, boards
+    request_ok(api, "POST", f"{ns}/pods", gpu_pod("ninth", "gpu-a", SLEEP))
+    event = scheduling_failure(api, namespace, "ninth")
+    print(f"ninth pod: {event['reason']}: {event['message']}")
+    assert "Insufficient iluvatar.com/gpu" in event["message"], event
+    ninth = get_pod(api, namespace, "ninth")
+    assert ninth is not None and ninth["status"]["phase"] == "Pending" and "nodeName" not in ninth["spec"]
+    request_ok(api, "DELETE", ns)
 
 
 def test_helm_uninstall_leaves_nothing_behind_and_gpu_pods_are_then_admitted_unmodified(
