@@ -15,6 +15,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ix_gpu.runtime.usage import OneLineParser, UsageError
 
@@ -32,13 +33,27 @@ def build_parser() -> argparse.ArgumentParser:
             "Iluvatar (iluvatar.com/gpu) and NVIDIA (nvidia.com/gpu) GPUs to the kubelet."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"ix-gpu {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     subparsers.required = True
     for module_name in _SUBCOMMAND_MODULES:
         module = importlib.import_module(module_name)
         module.register(subparsers)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, looked up only when asked: importlib.metadata pulls in email, zipfile and csv,
+    which every other command (the long-running plugin among them) would otherwise carry."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"ix-gpu {_version()}")
+        parser.exit()
 
 
 def _version() -> str:

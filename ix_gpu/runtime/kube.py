@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +113,11 @@ class ApiServer:
         max_bytes: int = 4 << 20,
     ) -> Any:
         """One JSON request; the decoded answer. Raises ``OSError`` (``URLError``/``HTTPError``)."""
+        # Imported here: urllib.request brings email and http.client (~2.5 MiB), which a plugin that
+        # never talks to the API server (no node labels, no per-node configs) should not hold.
+        import ssl
+        import urllib.request
+
         request = urllib.request.Request(
             f"{self.base_url}{path}",
             data=None if body is None else json.dumps(body).encode(),

@@ -30,21 +30,11 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ix_gpu.webhook.service.limit_settings import Limits as Limits  # re-exported
+
 log = logging.getLogger("ix_gpu.webhook")
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_connections: int = 128
-    header_timeout: float = 10.0
-    max_header_bytes: int = 64 << 10
-    max_inflight_body_bytes: int = 16 << 20
-    offload_bytes: int = 64 << 10
-    tls_read_buffer_bytes: int = 64 << 10
-    request_budget: float = 0.75
 
 
 class ByteBudget:

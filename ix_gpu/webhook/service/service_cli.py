@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
-from ix_gpu.webhook.service.limits import Limits
+from ix_gpu.webhook.service.limit_settings import Limits
 
 
 def _seconds(text: str) -> float:

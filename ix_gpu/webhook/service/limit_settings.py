@@ -1,0 +1,20 @@
+"""The webhook's limits as plain settings (see :mod:`.limits` for what each bounds and how).
+
+Apart from the machinery, so that registering ``ix-gpu webhook``'s flags, which every ``ix-gpu``
+command does (the device plugin too), imports no asyncio, ctypes or signal handling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 128
+    header_timeout: float = 10.0
+    max_header_bytes: int = 64 << 10
+    max_inflight_body_bytes: int = 16 << 20
+    offload_bytes: int = 64 << 10
+    tls_read_buffer_bytes: int = 64 << 10
+    request_budget: float = 0.75
