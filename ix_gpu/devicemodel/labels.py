@@ -23,6 +23,8 @@ GPU_COUNT = f"{PREFIX}/gpu.count"
 GPU_MEMORY = f"{PREFIX}/gpu.memory"
 """Memory of one advertised device, in MiB."""
 GPU_REPLICAS = f"{PREFIX}/gpu.replicas"
+PUBLISHED = (GPU_PRODUCT, GPU_VENDOR, GPU_COUNT, GPU_MEMORY, GPU_REPLICAS)
+"""Every node label the plugin writes: what ``ix-gpu labels prune`` removes (nothing the operator set)."""
 DEVICE_PLUGIN_CONFIG = f"{PREFIX}/device-plugin.config"
 """Set by the operator on a node: the name of the plugin config (a key of the plugin's ConfigMap)
 that node's plugin uses, as NVIDIA's ``nvidia.com/device-plugin.config``."""

@@ -124,6 +124,23 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     generate.set_defaults(handler=run_cdi_generate)
 
+    node_labels = subparsers.add_parser("labels", help="the ix-gpu.io/gpu.* node labels the plugin publishes")
+    labels_sub = node_labels.add_subparsers(dest="labels_command", metavar="SUBCOMMAND")
+    labels_sub.required = True
+    prune = labels_sub.add_parser(
+        "prune",
+        help="remove the plugin's node labels from every node",
+        description=(
+            "Remove the labels the plugin publishes (ix-gpu.io/gpu.product, .vendor, .count, .memory, "
+            ".replicas) from every Node, keeping labels the operator set (ix-gpu.io/device-plugin.config). "
+            "The chart runs it after helm uninstall. Needs list and patch on nodes."
+        ),
+    )
+    prune.add_argument("--kubeconfig", metavar="FILE", help="token kubeconfig (default: in-cluster)")
+    prune.add_argument("--dry-run", action="store_true", help="only print what would be removed")
+    add_log_level(prune)
+    prune.set_defaults(handler=run_labels_prune)
+
 
 class LoadedConfig(NamedTuple):
     config: PluginConfig
@@ -285,11 +302,16 @@ def _api_server(args: argparse.Namespace) -> ApiServer | None:
         (args.config and Path(args.config).is_dir()) or _labels_wanted(args)
     ):
         return None
+    return _connect(args.kubeconfig)
+
+
+def _connect(kubeconfig: str | None) -> ApiServer | None:
+    """``kubeconfig``'s apiserver, else the in-cluster one, else None."""
     from ix_gpu.runtime.kube import ApiServer
 
-    if args.kubeconfig is not None:
+    if kubeconfig is not None:
         try:
-            return ApiServer.from_kubeconfig(args.kubeconfig)
+            return ApiServer.from_kubeconfig(kubeconfig)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return ApiServer.in_cluster()
@@ -302,6 +324,25 @@ def _labels_wanted(args: argparse.Namespace) -> bool:
         return _load_config(args).config.labels.enabled
     except UsageError:
         return False
+
+
+def run_labels_prune(args: argparse.Namespace) -> int:
+    from ix_gpu.plugin.server.node_labels import prune_node_labels
+
+    api = _connect(args.kubeconfig)
+    if api is None:
+        raise UsageError("not in a cluster (no KUBERNETES_SERVICE_HOST or token); give --kubeconfig")
+    try:
+        removed = prune_node_labels(api, dry_run=args.dry_run)
+    except OSError as exc:
+        print(f"cannot prune node labels: {exc}", file=sys.stderr)
+        return 1
+    verb = "would remove" if args.dry_run else "removed"
+    for node, keys in sorted(removed.items()):
+        print(f"{verb} {', '.join(keys)} from node {node}")
+    if not removed:
+        print("no node carries labels the plugin publishes")
+    return 0
 
 
 def run_devices(args: argparse.Namespace) -> int:

@@ -1128,3 +1128,27 @@ def test_extra_env_reaches_every_container_after_its_own_env() -> None:
     assert test_pod["spec"]["containers"][0]["env"] == extra[:1]
     with pytest.raises(HelmError, match="name"):
         render({"webhook": {"extraEnv": [{"value": "no name"}]}})
+
+
+def test_uninstall_hook_prunes_the_plugins_node_labels_with_only_list_and_patch_on_nodes() -> None:
+    objects = render(hooks=True)
+    name = "ixg-ix-gpu-plugin-prune"
+    assert "Job" not in kinds(render())  # not part of the install
+    job = find(objects, "Job", name)
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-delete"
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"):
+        obj = find(objects, kind, name)
+        assert (
+            obj["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+            == "before-hook-creation,hook-succeeded"
+        )
+        validate(obj, version=KUBE_VERSIONS[-1])
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"] == ["labels", "prune"]
+    assert pod["serviceAccountName"] == name and pod["restartPolicy"] == "Never"
+    assert find(objects, "ClusterRole", name)["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}
+    ]
+    # No labels published, nothing to prune: no hook.
+    for values in ({"plugin": {"nodeLabels": False}}, {"plugin": {"pruneLabelsOnUninstall": False}}):
+        assert "Job" not in kinds(render(values, hooks=True))

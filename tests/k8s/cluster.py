@@ -80,6 +80,7 @@ CONTROLLERS = [
     "node-lifecycle-controller",  # removes the not-ready taint the kubelet registers with
     "garbage-collector-controller",
     "deployment-controller",
+    "job-controller",  # the chart's post-delete hook Job
     "replicaset-controller",
     "daemonset-controller",
     "endpointslice-controller",

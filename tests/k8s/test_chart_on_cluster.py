@@ -666,6 +666,12 @@ def test_helm_uninstall_leaves_nothing_behind_and_gpu_pods_are_then_admitted_unm
     release: Release,
 ) -> None:
     api = release.api
+    # A label the operator set stays; the ones the plugins published go (the post-delete hook).
+    operator_label = {"metadata": {"labels": {"ix-gpu.io/device-plugin.config": "custom"}}}
+    status, reply = api.request(
+        "PATCH", "/api/v1/nodes/gpu-b", operator_label, content_type="application/merge-patch+json"
+    )
+    assert status == 200, reply
     result = release.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
     assert result.returncode == 0, result.stderr
     namespaced = (
@@ -678,6 +684,7 @@ def test_helm_uninstall_leaves_nothing_behind_and_gpu_pods_are_then_admitted_unm
         "/apis/apps/v1/namespaces/{ns}/replicasets",
         "/apis/apps/v1/namespaces/{ns}/daemonsets",
         "/apis/apps/v1/namespaces/{ns}/controllerrevisions",
+        "/apis/batch/v1/namespaces/{ns}/jobs",
         "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
         "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
@@ -713,8 +720,13 @@ def test_helm_uninstall_leaves_nothing_behind_and_gpu_pods_are_then_admitted_unm
         interval=1,
         details=lambda: str(left_behind()),
     )
-    # The plugins said "all Unhealthy" on SIGTERM: nothing is allocatable any more. (The Nodes keep
-    # the ix-gpu.io/gpu.* labels the plugins published; see the chart README.)
+    for node in ("gpu-a", "gpu-b"):
+        node_labels = (release.cluster.nodes[node].node() or {})["metadata"]["labels"]
+        assert not [k for k in node_labels if k.startswith("ix-gpu.io/gpu.")], (node, node_labels)
+    assert (release.cluster.nodes["gpu-b"].node() or {})["metadata"]["labels"][
+        "ix-gpu.io/device-plugin.config"
+    ] == "custom"
+    # The plugins said "all Unhealthy" on SIGTERM: nothing is allocatable any more.
     for node in ("gpu-a", "gpu-b"):
         wait_until(
             lambda node=node: (release.cluster.node_resource(node) or (0, 0))[1] == 0,

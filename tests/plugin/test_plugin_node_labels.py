@@ -21,7 +21,7 @@ from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.backends.fake import FakeBackend
 from ix_gpu.plugin.devices.device_list import build_device_list
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
-from ix_gpu.plugin.server.node_labels import node_labels
+from ix_gpu.plugin.server.node_labels import node_labels, prune_node_labels
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import NamespaceFacts
@@ -34,6 +34,19 @@ pytestmark = pytest.mark.timeout(30)
 
 class _ApiServer(BaseHTTPRequestHandler):
     patches: ClassVar[list[tuple[str, str, str, Any]]] = []
+    nodes: ClassVar[list[dict[str, Any]]] = []
+    """What GET /api/v1/nodes lists, ``limit`` at a time (``continue`` = the next index)."""
+
+    def do_GET(self) -> None:
+        query = dict(part.split("=", 1) for part in self.path.partition("?")[2].split("&") if part)
+        start, limit = int(query.get("continue", "0")), int(query.get("limit", "500"))
+        page = self.nodes[start : start + limit]
+        more = str(start + limit) if start + limit < len(self.nodes) else ""
+        body = json.dumps({"items": page, "metadata": {"continue": more}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def do_PATCH(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -51,6 +64,7 @@ class _ApiServer(BaseHTTPRequestHandler):
 def api_server() -> Iterator[tuple[ApiServer, list[tuple[str, str, str, Any]]]]:
     server = HTTPServer(("127.0.0.1", 0), _ApiServer)
     _ApiServer.patches = []
+    _ApiServer.nodes = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -153,3 +167,32 @@ def test_the_webhook_selects_exactly_the_product_label_the_plugin_publishes(name
         )
         assert requirement["operator"] == "In"
         assert requirement["values"][0] == published, written
+
+
+def test_prune_removes_only_the_published_labels_from_every_node_page_by_page(
+    api_server: tuple[ApiServer, list[Any]],
+) -> None:
+    api, patches = api_server
+    published = {key: "x" for key in labels.PUBLISHED}
+    _ApiServer.nodes = [
+        {"metadata": {"name": "gpu-1", "labels": {**published, "kubernetes.io/os": "linux"}}},
+        {"metadata": {"name": "cpu-1", "labels": {"kubernetes.io/os": "linux"}}},
+        {
+            "metadata": {
+                "name": "gpu-2",
+                "labels": {labels.GPU_PRODUCT: "BI-V100", labels.DEVICE_PLUGIN_CONFIG: "a"},
+            }
+        },
+    ]
+    assert prune_node_labels(api, dry_run=True, page_size=2) == {
+        "gpu-1": sorted(labels.PUBLISHED),
+        "gpu-2": [labels.GPU_PRODUCT],
+    }
+    assert patches == []
+    removed = prune_node_labels(api, page_size=2)  # the third node is on the second page
+    assert set(removed) == {"gpu-1", "gpu-2"}
+    assert [(path, body) for path, _, _, body in patches] == [
+        ("/api/v1/nodes/gpu-1", {"metadata": {"labels": dict.fromkeys(sorted(labels.PUBLISHED))}}),
+        # The operator's config label stays.
+        ("/api/v1/nodes/gpu-2", {"metadata": {"labels": {labels.GPU_PRODUCT: None}}}),
+    ]

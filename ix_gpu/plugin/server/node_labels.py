@@ -8,7 +8,8 @@ cost the plugin more memory than the rest of it together, for one PATCH call.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.plugin.devices.device_list import DeviceList
@@ -45,8 +46,11 @@ def node_labels(devices: DeviceList) -> dict[str, str]:
     return values
 
 
-def patch_node_labels(api: ApiServer, node: str, values: dict[str, str], timeout: float = 10) -> None:
-    """Merge ``values`` into the node's labels; raises OSError (URLError/HTTPError) on failure."""
+def patch_node_labels(
+    api: ApiServer, node: str, values: Mapping[str, str | None], timeout: float = 10
+) -> None:
+    """Merge ``values`` into the node's labels (``None`` removes one); raises OSError
+    (URLError/HTTPError) on failure."""
     api.request(
         "PATCH",
         f"/api/v1/nodes/{node}",
@@ -85,3 +89,32 @@ class NodeLabeler:
         self.published, self._last_error = dict(values), ""
         log.info("labelled node %s: %s", self.node, values)
         return True
+
+
+def _nodes(api: ApiServer, page_size: int = 500) -> Iterator[dict[str, Any]]:
+    """Every Node, a page at a time (a large cluster's list is not one answer)."""
+    token = ""
+    while True:
+        query = f"?limit={page_size}" + (f"&continue={token}" if token else "")
+        answer = api.request("GET", f"/api/v1/nodes{query}")
+        yield from answer.get("items") or []
+        token = (answer.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return
+
+
+def prune_node_labels(api: ApiServer, *, dry_run: bool = False, page_size: int = 500) -> dict[str, list[str]]:
+    """Remove the labels the plugin publishes (:data:`labels.PUBLISHED`) from every Node: the chart
+    runs this after ``helm uninstall``, so nothing of the release stays on the Nodes. Labels the
+    operator set (``ix-gpu.io/device-plugin.config``) are kept. Returns node -> removed keys;
+    raises OSError when the API server cannot be reached or refuses."""
+    removed: dict[str, list[str]] = {}
+    for node in _nodes(api, page_size):
+        metadata = node.get("metadata") or {}
+        ours = sorted(key for key in metadata.get("labels") or {} if key in labels.PUBLISHED)
+        if not ours:
+            continue
+        if not dry_run:
+            patch_node_labels(api, str(metadata["name"]), dict.fromkeys(ours))
+        removed[str(metadata["name"])] = ours
+    return removed
