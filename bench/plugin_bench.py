@@ -195,14 +195,14 @@ def handler_latency(boards: int, calls: int) -> dict[str, float]:
     """Allocate handler time alone (no sockets, no client): the plugin's own share of the p99."""
     from ix_gpu.devicemodel.plugin_config import parse_plugin_config
     from ix_gpu.devicemodel.vendors import ILUVATAR
-    from ix_gpu.plugin.backends.fake import parse_fake_devices
+    from ix_gpu.plugin.backends.fake_devices import parse_fake_devices
     from ix_gpu.plugin.devices.device_list import build_device_list
     from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
     from ix_gpu.plugin.server.metrics import PluginMetrics
     from ix_gpu.plugin.server.servicer import DevicePluginServicer
 
     chips = parse_fake_devices(devices_yaml(boards), "bench").to_chips()
-    config = parse_plugin_config({"flags": {"splitboard": True}})
+    config = parse_plugin_config({"flags": {"splitboard": True}}).runtime()
     devices = build_device_list(chips, splitboard=True, replicas=1)
     state = DeviceState(Snapshot(devices, {}, config, ILUVATAR, ("/dev/itrctl",)))
     servicer = DevicePluginServicer(state, PluginMetrics())

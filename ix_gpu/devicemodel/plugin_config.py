@@ -39,14 +39,23 @@ because accepting them would fail the workload later, far from the cause.
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from ix_gpu.devicemodel.plugin_runtime import (
+    SHARED_SUFFIX,
+    DeviceIdStrategy,
+    DeviceListStrategy,
+    DeviceSelection,
+    ReplicaPolicy,
+    RuntimeConfig,
+    SharedEntry,
+    qualify,
+)
 from ix_gpu.devicemodel.schema_base import (
     ConfigError,
     StrictModel,
@@ -60,8 +69,6 @@ DEFAULT_PATH = "/ixconfig/ix-config"
 """Where the seed's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``, key ``ix-config``)."""
 
 NVIDIA_CONFIG_VERSION = "v1"
-SHARED_SUFFIX = ".shared"
-"""What ``renameByDefault`` appends to a shared resource's name, as NVIDIA's plugin does."""
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -93,42 +100,8 @@ def resource_name_problem(value: str, *, bare: bool) -> str | None:
     return None
 
 
-def qualify(name: str, like: str) -> str:
-    """``gpu`` → ``<domain of like>/gpu``; a qualified name stays as it is. NVIDIA qualifies bare
-    names with ``nvidia.com``; here the domain is that of the resource the plugin serves."""
-    return name if "/" in name else f"{like.partition('/')[0]}/{name}"
-
-
-class DeviceIdStrategy(StrEnum):
-    """What the visible-devices variable lists: chip UUIDs (stable) or library indices."""
-
-    UUID = "uuid"
-    INDEX = "index"
-
-
-class DeviceListStrategy(StrEnum):
-    """How Allocate hands the devices to the container runtime."""
-
-    ENVVAR = "envvar"
-    """Device specs (the chips' device nodes and the control nodes) plus the visible-devices
-    variable, which every runtime understands."""
-    CDI = "cdi"
-    """Fully qualified CDI device names (``iluvatar.com/gpu=<id>``) that the runtime resolves in
-    the spec the plugin writes under ``cdi.specDir``, plus the visible-devices variable; no device
-    specs (the CDI spec has the nodes). Needs containerd 1.7+ or CRI-O with CDI enabled."""
-
-
 NVIDIA_DEVICE_LIST_STRATEGIES = {"envvar": DeviceListStrategy.ENVVAR, "cdi-cri": DeviceListStrategy.CDI}
 """NVIDIA's ``flags.plugin.deviceListStrategy`` values we serve, and what they mean here."""
-
-
-class ReplicaPolicy(StrEnum):
-    """How GetPreferredAllocation picks time-sliced replicas."""
-
-    SPREAD = "spread"
-    """Prefer the least-used physical GPU: neighbours share as little as possible."""
-    PACK = "pack"
-    """Prefer already-used physical GPUs: keep whole GPUs free for large requests."""
 
 
 NVIDIA_ALLOCATION_POLICY = {"distributed": ReplicaPolicy.SPREAD, "packed": ReplicaPolicy.PACK}
@@ -222,11 +195,6 @@ class Flags(StrictModel):
 
 
 # -- sharing ----------------------------------------------------------------------------------------
-
-DeviceSelection: TypeAlias = Literal["all"] | int | tuple[int | str, ...]
-"""Which devices of a resource are shared: ``"all"``, the first N (an int), or a tuple of chip
-indices (ints) and UUIDs (strings), as NVIDIA's ``devices`` field allows minus its MIG forms."""
-
 
 def _device_selection(value: Any) -> DeviceSelection:
     if value == "all":
@@ -551,6 +519,31 @@ class PluginConfig(StrictModel):
                 "as by NVIDIA's plugin; rename with sharing.timeSlicing.resources[].rename or resourceName",
             )
         return tuple(out)
+
+    def runtime(self) -> RuntimeConfig:
+        """The plain, pydantic-free form the running plugin holds (:mod:`.plugin_runtime`)."""
+        slicing = self.sharing.time_slicing
+        return RuntimeConfig(
+            digest=self.digest(),
+            resource_name=self.resource_name,
+            splitboard=self.flags.splitboard,
+            replicas=slicing.replicas,
+            rename_by_default=slicing.rename_by_default,
+            fail_requests_greater_than_one=slicing.fail_requests_greater_than_one,
+            shared_resources=tuple(
+                SharedEntry(name=e.name, replicas=e.replicas, devices=e.devices, rename=e.rename)
+                for e in slicing.resources
+            ),
+            health_interval_seconds=self.health.interval_seconds,
+            recover_after=self.health.recover_after,
+            device_id_strategy=self.device_id_strategy,
+            device_list_strategy=self.device_list_strategy,
+            cdi_spec_dir=self.cdi.spec_dir,
+            cdi_driver_root=self.cdi.driver_root,
+            replica_policy=self.allocation.replica_policy,
+            labels_enabled=self.labels.enabled,
+            notices=self.notices(),
+        )
 
 
 def _nvidia_plugin_flags(info: ValidationInfo) -> NvidiaPluginFlags:

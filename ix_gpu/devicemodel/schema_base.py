@@ -41,7 +41,9 @@ class StrictModel(BaseModel):
     def digest(self) -> str:
         """Stable content hash: equal for equal configs, so a reload that changes nothing does
         nothing, and recorded in the webhook's ``injected`` annotation."""
-        canonical = self.model_dump_json(by_alias=True)
+        # warnings=False: pydantic's serializer warns about a value of a union with a tuple member
+        # (the plugin config's ``devices``) that it then writes correctly; the text is what counts.
+        canonical = self.model_dump_json(by_alias=True, warnings=False)
         return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
 

@@ -38,7 +38,6 @@ run on PyYAML's Python parser, whose composer counts depth as it goes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from re import Pattern
 from typing import Any, Final, Protocol
 
@@ -52,12 +51,15 @@ from yaml.reader import Reader, ReaderError
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
+from ix_gpu.devicemodel.input_files import (
+    CONFIG_MAX_BYTES,
+    ConfigError,
+    MiB,
+    YamlInputError,
+    read_capped,
+    size_text,
+)
 from ix_gpu.devicemodel.text import one_line
-
-MiB: Final = 1024 * 1024
-
-CONFIG_MAX_BYTES: Final = 1 * MiB
-"""Config and fake-devices files: real ones are a few KB, and a ConfigMap cannot exceed 1 MiB."""
 
 MANIFEST_MAX_BYTES: Final = 16 * MiB
 """``ix-gpu mutate`` input: a dump of many objects, each at most ~3 MiB by the API server's limit."""
@@ -84,19 +86,6 @@ _NO_TIMESTAMPS: Final = {
 }
 """Implicit resolvers without dates: kubectl (go-yaml v2 into ``interface{}``) keeps
 ``2024-01-01`` a string, so ``ix-gpu mutate`` must too."""
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; ``str()`` is one line per problem, fields named.
-
-    Defined here, the bottom of the device model, so the loader can raise it; ``schema_base``
-    re-exports it, where every caller imports it from."""
-
-
-class YamlInputError(ConfigError):
-    """The bytes are not a document ix-gpu will read: unreadable file, not text, bad syntax, a
-    duplicate key, or over a limit. A :class:`ConfigError` (callers that catch that keep working);
-    the CLI tells it apart from a readable document that is not a valid config (exit 2, not 1)."""
 
 
 class _LimitError(MarkedYAMLError):
@@ -321,10 +310,6 @@ def _describe_reader_error(exc: ReaderError) -> str:
     return f"position {exc.position}: {exc.reason}{code}"
 
 
-def _size(n: int) -> str:
-    return f"{n // MiB} MiB" if n % MiB == 0 else f"{n:,} bytes"
-
-
 def _parse(content: bytes, multi: bool, max_depth: int, max_alias_nodes: int, timestamps: bool) -> list[Any]:
     loader = _loader_class(content, max_depth)  # the Python reader already decodes the start
     try:
@@ -361,14 +346,14 @@ def _load(
     what: str,
 ) -> list[Any]:
     if len(content) > max_bytes:  # characters of a str: at least as many bytes
-        raise YamlInputError(f"{source}: refused: larger than {_size(max_bytes)}")
+        raise YamlInputError(f"{source}: refused: larger than {size_text(max_bytes)}")
     if isinstance(content, str):
         try:
             content = content.encode("utf-8")
         except UnicodeError as exc:
             raise YamlInputError(f"{source}: not valid {what}: not text: {one_line(exc)}") from None
         if len(content) > max_bytes:
-            raise YamlInputError(f"{source}: refused: larger than {_size(max_bytes)}")
+            raise YamlInputError(f"{source}: refused: larger than {size_text(max_bytes)}")
     try:
         return _parse(content, multi, max_depth, max_alias_nodes, timestamps)
     except _LimitError as exc:
@@ -435,19 +420,6 @@ def load_yaml_documents(
         timestamps=timestamps,
         what=what,
     )
-
-
-def read_capped(path: str | Path, max_bytes: int) -> bytes:
-    """The file's bytes, reading at most ``max_bytes + 1`` (so /dev/zero or a huge file costs
-    nothing); unreadable or too large is a :class:`YamlInputError` naming the file."""
-    try:
-        with open(path, "rb") as handle:
-            content = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise YamlInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(content) > max_bytes:
-        raise YamlInputError(f"{path}: refused: larger than {_size(max_bytes)}")
-    return content
 
 
 __all__ = [

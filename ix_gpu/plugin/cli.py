@@ -17,7 +17,7 @@ from ix_gpu.plugin.backends import BACKENDS  # light: no backend module is impor
 from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
 
 if TYPE_CHECKING:
-    from ix_gpu.devicemodel.plugin_config import PluginConfig
+    from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
     from ix_gpu.plugin.backends.base import Backend
     from ix_gpu.plugin.devices.device_list import DeviceList
     from ix_gpu.runtime.kube import ApiServer
@@ -143,7 +143,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 class LoadedConfig(NamedTuple):
-    config: PluginConfig
+    config: RuntimeConfig
     path: Path | None
     content: bytes | None
     """What ``config`` was parsed from, so a reload starts only when the file changes."""
@@ -152,12 +152,15 @@ class LoadedConfig(NamedTuple):
 def _load_config(args: argparse.Namespace, label: str | None = None) -> LoadedConfig:
     """The config to start with; from a directory, the one ``label`` (the node's config label)
     or the default picks."""
-    from ix_gpu.devicemodel.plugin_config import ConfigError, PluginConfig, parse_plugin_yaml
-    from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
+    from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+    from ix_gpu.plugin.server.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
     path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
     if not args.config and not path.exists():
-        return LoadedConfig(PluginConfig(), None, None)
+        try:
+            return LoadedConfig(load_runtime_config(None, DEFAULTS_SOURCE), None, None)
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
     if args.default_config and not path.is_dir():
         raise UsageError("--default-config needs --config DIR (a directory of named configs)")
     if path.is_dir():
@@ -169,7 +172,7 @@ def _load_config(args: argparse.Namespace, label: str | None = None) -> LoadedCo
         path = path / choice.name
     try:
         content = read_capped(path, CONFIG_MAX_BYTES)
-        return LoadedConfig(parse_plugin_yaml(content, str(path)), path, content)
+        return LoadedConfig(load_runtime_config(content, str(path)), path, content)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -216,19 +219,25 @@ def run_plugin(args: argparse.Namespace) -> int:
             "label cannot be read: the default config applies",
             config_dir,
         )
-    config, config_path, config_content = _load_config(args, node_config.value() if node_config else None)
-    try:
-        backend = _make_backend(args)
-    except BackendStartError as exc:
-        logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
-        return 1
+    # Both validate a file in a forked child (a quarter second each with the fake backend): the
+    # backend starts on a thread meanwhile, so the two children run side by side.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="backend-start") as pool:
+        starting = pool.submit(_make_backend, args)
+        config, config_path, config_content = _load_config(args, node_config.value() if node_config else None)
+        try:
+            backend = starting.result()
+        except BackendStartError as exc:
+            logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
+            return 1
 
     from ix_gpu.plugin.devices.sharing import plan_sharing
 
     for note in plan_sharing(config, backend.vendor.resource_name).notes:
         logging.getLogger("ix_gpu.plugin").warning("config %s: %s", config_path, note)
 
-    from ix_gpu.devicemodel.plugin_config import ConfigError
+    from ix_gpu.devicemodel.input_files import ConfigError
     from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 
     directory = Path(args.device_plugin_dir)
@@ -258,7 +267,7 @@ def run_plugin(args: argparse.Namespace) -> int:
 
 
 class Discovered(NamedTuple):
-    config: PluginConfig
+    config: RuntimeConfig
     backend: Backend
     resource: str
     devices: DeviceList
@@ -284,7 +293,7 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
     try:
         devices = build_device_list(
             chips,
-            splitboard=config.flags.splitboard,
+            splitboard=config.splitboard,
             replicas=plan.replicas,
             shared=plan.devices,
             key=plan.key,
@@ -321,7 +330,7 @@ def _labels_wanted(args: argparse.Namespace) -> bool:
     """Whether the config file (not a directory) asks for node labels; a directory's configs are
     only known after the choice, so a plugin with one always gets cluster access if it has any."""
     try:
-        return _load_config(args).config.labels.enabled
+        return _load_config(args).config.labels_enabled
     except UsageError:
         return False
 
@@ -383,7 +392,7 @@ def run_cdi_generate(args: argparse.Namespace) -> int:
     if found is None:
         return 1
     vendor = found.backend.vendor
-    driver_root = args.driver_root or found.config.cdi.driver_root
+    driver_root = args.driver_root or found.config.cdi_driver_root
     try:
         spec = cdi_spec(found.devices, vendor, found.backend.control_nodes(), driver_root=driver_root)
     except CdiError as exc:
@@ -394,7 +403,7 @@ def run_cdi_generate(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(render(spec).decode())
         return 0
-    path = Path(args.output) if args.output else spec_path(found.config.cdi.spec_dir, vendor)
+    path = Path(args.output) if args.output else spec_path(found.config.cdi_spec_dir, vendor)
     try:
         changed = write_spec(spec, path)
     except OSError as exc:

@@ -20,7 +20,7 @@ from ix_gpu.devicemodel.plugin_config import load_plugin_config
 from ix_gpu.devicemodel.schema_base import ConfigError, YamlInputError, parse_yaml
 from ix_gpu.devicemodel.webhook_config import load_config
 from ix_gpu.devicemodel.yaml_input import load_yaml, load_yaml_documents, read_capped
-from ix_gpu.plugin.backends.fake import FakeDevices, parse_fake_devices
+from ix_gpu.plugin.backends.fake_devices import FakeDevices, parse_fake_devices
 from tests.support.paths import EXAMPLES
 
 LOADERS = ["libyaml", "python"] if yaml.__with_libyaml__ else ["python"]

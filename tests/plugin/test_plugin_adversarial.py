@@ -32,7 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ix_gpu.plugin.devices.allocation as allocation
-from ix_gpu.devicemodel.plugin_config import PluginConfig, ReplicaPolicy, parse_plugin_config
+from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy, RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -70,11 +71,11 @@ def chips(boards: int, per_board: int = 2, numa_of: Sequence[int | None] = (0, 0
     ]
 
 
-CONFIG = parse_plugin_config({})
+CONFIG = parse_plugin_config({}).runtime()
 WHOLE = build_device_list(chips(4), splitboard=True, replicas=1)  # C0..C7, boards of two
 
 
-def allocate(ids: Sequence[str], devices: DeviceList = WHOLE, config: PluginConfig = CONFIG) -> Any:
+def allocate(ids: Sequence[str], devices: DeviceList = WHOLE, config: RuntimeConfig = CONFIG) -> Any:
     return allocate_container(ids, devices, vendor=ILUVATAR, control_nodes=("/dev/itrctl",), config=config)
 
 
@@ -348,7 +349,7 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 @contextlib.asynccontextmanager
 async def serving(
-    devices: DeviceList, config: PluginConfig = CONFIG
+    devices: DeviceList, config: RuntimeConfig = CONFIG
 ) -> AsyncIterator[tuple[Any, PluginMetrics]]:
     """The plugin's servicer behind the plugin's gRPC server (grpclib) on a unix socket, and a
     default-options grpcio client stub (the same limits a Go kubelet client has for status details:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ix_gpu.devicemodel.plugin_config import ReplicaPolicy, parse_plugin_config
+from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
@@ -82,7 +83,11 @@ def test_a_bug_falls_back_instead_of_raising(monkeypatch: pytest.MonkeyPatch) ->
 def test_allocate_for_nvidia_uses_its_nodes_and_env() -> None:
     devices = build_device_list(chips(1), splitboard=True, replicas=1)
     result = allocate_container(
-        ["C1"], devices, vendor=NVIDIA, control_nodes=("/dev/nvidiactl",), config=parse_plugin_config({})
+        ["C1"],
+        devices,
+        vendor=NVIDIA,
+        control_nodes=("/dev/nvidiactl",),
+        config=parse_plugin_config({}).runtime(),
     )
     assert [n.host_path for n in result.device_nodes] == ["/dev/nvidia1", "/dev/nvidiactl"]
     assert result.envs == {"NVIDIA_VISIBLE_DEVICES": "C1"}
@@ -90,7 +95,7 @@ def test_allocate_for_nvidia_uses_its_nodes_and_env() -> None:
 
 def test_allocate_without_control_node_and_error_messages() -> None:
     devices = build_device_list(chips(1), splitboard=False, replicas=1)
-    config = parse_plugin_config({})
+    config = parse_plugin_config({}).runtime()
     result = allocate_container(["C0"], devices, vendor=ILUVATAR, control_nodes=(), config=config)
     assert [n.host_path for n in result.device_nodes] == ["/dev/iluvatar0", "/dev/iluvatar1"]
     with pytest.raises(AllocationError, match=r"unknown device ID 'X' \(and 1 more\)"):

@@ -47,7 +47,7 @@ async def plugin_and_kubelet(
     await kubelet.start()
     app = PluginApp(
         PluginSettings(device_plugin_dir=directory, config_path=config_path),
-        load_plugin_config(config_path),
+        load_plugin_config(config_path).runtime(),
         FakeBackend(devices_file),
     )
     task = asyncio.create_task(app.run())
@@ -284,7 +284,7 @@ def test_config_hot_reload_and_invalid_config_kept(short_tmp: Path, fake_devices
             )
             await asyncio.sleep(0.3)
             assert len(kubelet.last_update().devices) == 4
-            assert app.config.flags.splitboard is True
+            assert app.config.splitboard is True
 
     run(scenario)
 
@@ -323,7 +323,7 @@ def test_plugin_started_before_kubelet_registers_when_it_appears(short_tmp: Path
         config_path = write_config(short_tmp, FAST_HEALTH)
         app = PluginApp(
             PluginSettings(device_plugin_dir=directory, config_path=config_path),
-            load_plugin_config(config_path),
+            load_plugin_config(config_path).runtime(),
             FakeBackend(fake_devices),
         )
         task = asyncio.create_task(app.run())

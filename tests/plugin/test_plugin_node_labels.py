@@ -83,7 +83,7 @@ def test_labels_published_once_per_change(
     (short_tmp / "dp").mkdir()
     app = PluginApp(
         PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
-        load_plugin_config(config),
+        load_plugin_config(config).runtime(),
         FakeBackend(fake_devices),
     )
 
@@ -117,7 +117,7 @@ def test_labels_not_published_when_disabled(
     config = write_config(short_tmp, FAST_HEALTH)
     app = PluginApp(
         PluginSettings(short_tmp, config, node_name="n", api_server=api),
-        load_plugin_config(config),
+        load_plugin_config(config).runtime(),
         FakeBackend(fake_devices),
     )
     asyncio.run(app.check_once())

@@ -137,10 +137,14 @@ HEAVY = ("grpc", "prometheus_client")
 """Top-level packages the plugin process must never import (grpcio's C core alone is ~9 MiB RSS)."""
 
 
-def test_the_process_never_imports_grpcio_or_prometheus_client(short_tmp: Path, fake_devices: Path) -> None:
-    """Through a whole life: start, register, ListAndWatch, Allocate, /metrics, SIGTERM. Python
-    writes every import to the log (``PYTHONPROFILEIMPORTTIME``), lazy ones included, and grpcio's
-    extension would show in the process's memory map."""
+def test_the_process_never_imports_grpcio_prometheus_client_or_pydantic(
+    short_tmp: Path, fake_devices: Path
+) -> None:
+    """Through a whole life: start, register, ListAndWatch, Allocate, /metrics, a config reload,
+    SIGTERM. Python writes every import to the log (``PYTHONPROFILEIMPORTTIME``), lazy ones
+    included; compiled extensions show in the process's memory map. pydantic validates the config
+    and devices files, in forked children only: their imports are in the log (they share stderr),
+    never in the plugin's own map."""
     directory = short_tmp / "dp"
     directory.mkdir()
     config = write_config(short_tmp, FAST_HEALTH)
@@ -162,6 +166,7 @@ def test_the_process_never_imports_grpcio_or_prometheus_client(short_tmp: Path, 
         )  # fmt: skip
         try:
             await kubelet.wait_for(lambda: kubelet.updates, timeout=20, what="registration of the process")
+            devices = len(kubelet.last_update().devices)
             device = kubelet.last_update().devices[0][0]
             request = pb.AllocateRequest(
                 container_requests=[pb.ContainerAllocateRequest(devices_ids=[device])]
@@ -169,8 +174,14 @@ def test_the_process_never_imports_grpcio_or_prometheus_client(short_tmp: Path, 
             await kubelet.plugin.Allocate(request, timeout=5)
             status, _ = await asyncio.to_thread(http_get, port, "/metrics")
             assert status == 200
+            # A config change is validated (in a child) and applied: every device twice.
+            write_config(short_tmp, FAST_HEALTH + "sharing:\n  timeSlicing:\n    replicas: 2\n")
+            await kubelet.wait_for(
+                lambda: len(kubelet.last_update().devices) == 2 * devices, timeout=20, what="the reload"
+            )
             maps = Path(f"/proc/{plugin.pid}/maps").read_text()
             assert "cygrpc" not in maps and "grpc/_cython" not in maps
+            assert "_pydantic_core" not in maps, "pydantic was imported by the plugin process itself"
             plugin.popen.send_signal(signal.SIGTERM)
             rc = await asyncio.to_thread(plugin.popen.wait, 10)
         finally:
@@ -184,6 +195,8 @@ def test_the_process_never_imports_grpcio_or_prometheus_client(short_tmp: Path, 
     assert "grpclib.server" in imported and "ix_gpu.plugin.server.http_endpoints" in imported, log[-2000:]
     heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
     assert not heavy, f"the plugin process imported {heavy}"
+    # The validation did run, in the children.
+    assert {"ix_gpu.devicemodel.plugin_config", "ix_gpu.plugin.backends.fake_devices"} <= imported
 
 
 @pytest.mark.parametrize(

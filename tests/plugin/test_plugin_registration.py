@@ -28,7 +28,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def registrar(directory: Path) -> Registrar:
-    snapshot = Snapshot(build_device_list([], splitboard=False, replicas=1), {}, PluginConfig(), ILUVATAR)
+    devices = build_device_list([], splitboard=False, replicas=1)
+    snapshot = Snapshot(devices, {}, PluginConfig().runtime(), ILUVATAR)
     servicer = DevicePluginServicer(DeviceState(snapshot), PluginMetrics())
     return Registrar(directory, servicer, PluginMetrics(), lambda: "iluvatar.com/gpu", register_timeout=0.3)
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ix_gpu.devicemodel.plugin_config import PluginConfig, parse_plugin_config
+from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.devices.allocation import REPLICA_DEVICES_ENV, AllocationError, allocate_container
@@ -23,7 +24,7 @@ ILUVATAR_GPU = ILUVATAR.resource_name
 
 
 def plan(doc: dict[str, object], vendor_resource: str = ILUVATAR_GPU) -> SharingPlan:
-    return plan_sharing(parse_plugin_config(doc), vendor_resource)
+    return plan_sharing(parse_plugin_config(doc).runtime(), vendor_resource)
 
 
 def slicing(**fields: object) -> dict[str, object]:
@@ -177,7 +178,7 @@ def test_no_chips_yet_is_not_an_error() -> None:
 # --------------------------------------------------------------------------- Allocate
 
 
-def alloc(ids: list[str], config: PluginConfig) -> dict[str, str]:
+def alloc(ids: list[str], config: RuntimeConfig) -> dict[str, str]:
     p = plan_sharing(config, ILUVATAR_GPU)
     devices = build_device_list(chips(2), splitboard=True, replicas=p.replicas, shared=p.devices, key=p.key)
     return allocate_container(ids, devices, vendor=ILUVATAR, control_nodes=(), config=config).envs
@@ -187,7 +188,7 @@ FAIL_GT_ONE = nvidia({"name": "gpu", "replicas": 4}, failRequestsGreaterThanOne=
 
 
 def test_fail_requests_greater_than_one_refuses_two_replicas_with_nvidias_words() -> None:
-    config = parse_plugin_config(FAIL_GT_ONE)
+    config = parse_plugin_config(FAIL_GT_ONE).runtime()
     with pytest.raises(AllocationError) as info:
         alloc(["C0::0", "C1::0"], config)
     assert str(info.value) == (
@@ -197,13 +198,13 @@ def test_fail_requests_greater_than_one_refuses_two_replicas_with_nvidias_words(
     )
     assert alloc(["C0::0"], config)[REPLICA_DEVICES_ENV] == "C0::0"
     # Without the flag two replicas are fine.
-    assert alloc(["C0::0", "C1::0"], parse_plugin_config(nvidia({"name": "gpu", "replicas": 4})))
+    assert alloc(["C0::0", "C1::0"], parse_plugin_config(nvidia({"name": "gpu", "replicas": 4})).runtime())
 
 
 def test_fail_requests_greater_than_one_spares_whole_devices_when_only_some_are_shared() -> None:
     config = parse_plugin_config(
         nvidia({"name": "gpu", "replicas": 2, "devices": [0]}, failRequestsGreaterThanOne=True)
-    )
+    ).runtime()
     whole = alloc(["C1", "C2"], config)
     assert whole == {"IX_VISIBLE_DEVICES": "C1,C2"}  # whole chips: no replica variable either
     with pytest.raises(AllocationError, match="maximum request size for shared resources is 1"):

@@ -8,75 +8,39 @@ a symlink swap that neither reliably reports.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field, model_validator
-
-from ix_gpu.devicemodel.schema_base import StrictModel, parse_yaml
+from ix_gpu.devicemodel.input_files import ConfigError
 from ix_gpu.devicemodel.vendors import VENDORS, Vendor
-from ix_gpu.plugin.backends.base import BackendError, Chip, decode_ixml_health
+from ix_gpu.plugin.backends.base import BackendError, Chip
+from ix_gpu.runtime.forked import ForkedCallError, call_forked
 from ix_gpu.runtime.reload import LastGoodFiles
 
 
-class FakeChip(StrictModel):
-    uuid: str = Field(min_length=1, max_length=58)
-    minor: int | None = Field(default=None, ge=0)
-    """Defaults to the chip's position in the whole file."""
-    index: int | None = Field(default=None, ge=0)
-    memory_mib: int = Field(default=32768, ge=0, alias="memoryMiB")
-    health: int = Field(default=0, ge=0)
-    """ixmlDeviceGetHealth bitmask; 0 is healthy, e.g. 0x4 is over-temperature."""
+@dataclass(frozen=True)
+class FakeScan:
+    """A validated devices file (schema: :mod:`.fake_devices`), as plain data."""
+
+    vendor: str
+    control_nodes: tuple[str, ...]
+    library_error: str | None
+    chips: tuple[Chip, ...]
 
 
-class FakeBoard(StrictModel):
-    id: str | None = None
-    product: str = "Iluvatar BI-V150"
-    numa_node: int | None = None
-    chips: tuple[FakeChip, ...] = Field(min_length=1)
+def scan_forked(content: bytes | str, source: str) -> FakeScan:
+    """Validate in a forked child (:mod:`ix_gpu.runtime.forked`): the schema is pydantic."""
+    try:
+        return call_forked(functools.partial(_scan, content, source), inline_if_loaded="pydantic")
+    except ForkedCallError as exc:
+        raise ConfigError(f"{source}: cannot validate: {exc}") from None
 
 
-class FakeDevices(StrictModel):
-    vendor: Literal["iluvatar", "nvidia"] = "iluvatar"
-    control_nodes: tuple[str, ...] = ()
-    """Control nodes to report as present (the real backends look in /dev)."""
-    library_error: str | None = None
-    """When set, discovery fails with this message, as a broken library would."""
-    boards: tuple[FakeBoard, ...] = ()
+def _scan(content: bytes | str, source: str) -> FakeScan:  # runs in the child
+    from ix_gpu.plugin.backends.fake_devices import scan
 
-    @model_validator(mode="after")
-    def _unique(self) -> FakeDevices:
-        uuids = [chip.uuid for board in self.boards for chip in board.chips]
-        dupes = sorted({u for u in uuids if uuids.count(u) > 1})
-        if dupes:
-            raise ValueError(f"chip uuids must be unique: {', '.join(dupes)}")
-        return self
-
-    def to_chips(self) -> list[Chip]:
-        chips: list[Chip] = []
-        position = 0
-        for b, board in enumerate(self.boards):
-            board_id = board.id or f"board{b}"
-            for p, fake in enumerate(board.chips):
-                chips.append(
-                    Chip(
-                        uuid=fake.uuid,
-                        index=fake.index if fake.index is not None else position,
-                        minor=fake.minor if fake.minor is not None else position,
-                        board_id=board_id,
-                        board_position=p,
-                        product=board.product,
-                        memory_mib=fake.memory_mib,
-                        numa_node=board.numa_node,
-                        unhealthy_reason=decode_ixml_health(fake.health),
-                    )
-                )
-                position += 1
-        return chips
-
-
-def parse_fake_devices(content: bytes | str, source: str) -> FakeDevices:
-    return parse_yaml(FakeDevices, content, source)
+    return scan(content, source)
 
 
 class FakeBackend:
@@ -88,15 +52,15 @@ class FakeBackend:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._file = LastGoodFiles(
-            "fake devices", [self.path], lambda contents: parse_fake_devices(contents[0], str(self.path))
+            "fake devices", [self.path], lambda contents: scan_forked(contents[0], str(self.path))
         )
-        self._parsed: FakeDevices | None = None
+        self._parsed: FakeScan | None = None
         self._load()  # fail at start-up, where a usage error is still possible
         assert self._parsed is not None
         # The vendor decides resource name and device paths; it is fixed at start-up.
         self._vendor: Vendor = VENDORS[self._parsed.vendor]
 
-    def _load(self) -> FakeDevices:
+    def _load(self) -> FakeScan:
         parsed = self._file.poll()
         if parsed is not None:
             self._parsed = parsed
@@ -112,7 +76,7 @@ class FakeBackend:
         parsed = self._load()
         if parsed.library_error:
             raise BackendError(parsed.library_error)
-        return parsed.to_chips()
+        return list(parsed.chips)
 
     def control_nodes(self) -> tuple[str, ...]:
         parsed = self._parsed

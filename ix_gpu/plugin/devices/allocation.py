@@ -10,7 +10,12 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ix_gpu.devicemodel.plugin_config import DeviceIdStrategy, DeviceListStrategy, PluginConfig, ReplicaPolicy
+from ix_gpu.devicemodel.plugin_runtime import (
+    DeviceIdStrategy,
+    DeviceListStrategy,
+    ReplicaPolicy,
+    RuntimeConfig,
+)
 from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.plugin.devices.cdi import qualified_name
 from ix_gpu.plugin.devices.device_list import Device, DeviceList, PhysicalDevice
@@ -91,7 +96,7 @@ def allocate_container(
     *,
     vendor: Vendor,
     control_nodes: Sequence[str],
-    config: PluginConfig,
+    config: RuntimeConfig,
 ) -> ContainerAllocation:
     """What one container needs for ``device_ids``: its chips' device nodes, the control nodes,
     and the visible-devices variable.
@@ -113,7 +118,7 @@ def allocate_container(
     # As NVIDIA's plugin decides it: the request fails when it holds a replica at all, so a list
     # that shares only some devices still hands out its whole devices in any number.
     replicas = sum(1 for i in device_ids if devices.by_id[i].replica is not None)
-    if replicas and len(device_ids) > 1 and config.sharing.time_slicing.fail_requests_greater_than_one:
+    if replicas and len(device_ids) > 1 and config.fail_requests_greater_than_one:
         raise AllocationError(
             f"request for {len(device_ids)} devices refused: the maximum request size for shared "
             "resources is 1 (sharing.timeSlicing.failRequestsGreaterThanOne); a time-sliced replica "

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-from ix_gpu.devicemodel.plugin_config import PluginConfig
+from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
 from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.plugin.devices.device_list import Device, DeviceList
 
@@ -24,7 +24,7 @@ class Snapshot:
     devices: DeviceList
     unhealthy: Mapping[str, str]
     """Physical device ID → reason, for the devices advertised Unhealthy."""
-    config: PluginConfig
+    config: RuntimeConfig
     vendor: Vendor
     control_nodes: tuple[str, ...] = ()
     final: bool = field(default=False)

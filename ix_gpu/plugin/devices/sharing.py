@@ -1,6 +1,7 @@
 """Which resource the plugin advertises, and which of its devices are time-sliced how many times.
 
-The config says it in one of two forms (see :mod:`ix_gpu.devicemodel.plugin_config`): the seed's
+The config says it in one of two forms (see :mod:`ix_gpu.devicemodel.plugin_config`; the plugin
+holds it as :class:`RuntimeConfig`): the seed's
 ``timeSlicing.replicas`` for the plugin's own resource, or NVIDIA's ``timeSlicing.resources`` list,
 whose entries name a resource (``gpu`` meaning the plugin's domain) and may rename it or select
 some of its devices. Deciding needs the resource the plugin serves, which comes from the backend's
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ix_gpu.devicemodel.plugin_config import SHARED_SUFFIX, DeviceSelection, PluginConfig, qualify
+from ix_gpu.devicemodel.plugin_runtime import SHARED_SUFFIX, DeviceSelection, RuntimeConfig, qualify
 
 ENTRIES_KEY = "sharing.timeSlicing.resources"
 REPLICAS_KEY = "sharing.timeSlicing.replicas"
@@ -41,19 +42,19 @@ class SharingPlan:
         return self.replicas > 1
 
 
-def plan_sharing(config: PluginConfig, vendor_resource: str) -> SharingPlan:
+def plan_sharing(config: RuntimeConfig, vendor_resource: str) -> SharingPlan:
     """What ``config`` means for a plugin whose vendor advertises ``vendor_resource``. Pure and
     cheap: called for every device-list build and for the resource name."""
     base = config.resource_name or vendor_resource
-    slicing = config.sharing.time_slicing
-    notes = list(config.notices())
-    replicas, key = slicing.replicas, REPLICAS_KEY
+    notes = list(config.notices)
+    replicas, key = config.replicas, REPLICAS_KEY
     devices: DeviceSelection = "all"
     rename: str | None = None
-    if slicing.resources:
-        matching = [(n, e) for n, e in enumerate(slicing.resources) if qualify(e.name, base) == base]
+    if config.shared_resources:
+        entries = config.shared_resources
+        matching = [(n, e) for n, e in enumerate(entries) if qualify(e.name, base) == base]
         if not matching:
-            names = ", ".join(sorted({qualify(e.name, base) for e in slicing.resources}))
+            names = ", ".join(sorted({qualify(e.name, base) for e in entries}))
             notes.append(f"{ENTRIES_KEY} has no entry for {base} (only {names}): its devices are not shared")
             replicas = 1
         else:
@@ -62,7 +63,7 @@ def plan_sharing(config: PluginConfig, vendor_resource: str) -> SharingPlan:
                 notes.append(f"{ENTRIES_KEY}[{other}] is ignored: {ENTRIES_KEY}[{n}] already names {base}")
             replicas, devices, key = entry.replicas, entry.devices, f"{ENTRIES_KEY}[{n}]"
             rename = qualify(entry.rename, base) if entry.rename is not None else None
-    if replicas > 1 and rename is None and slicing.rename_by_default:
+    if replicas > 1 and rename is None and config.rename_by_default:
         rename = base + SHARED_SUFFIX
     resource = rename if replicas > 1 and rename is not None else base
     return SharingPlan(

@@ -16,18 +16,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_gpu.devicemodel.plugin_config import (
-    ConfigError,
-    DeviceListStrategy,
-    PluginConfig,
-    parse_plugin_yaml,
-)
+from ix_gpu.devicemodel.input_files import ConfigError
+from ix_gpu.devicemodel.plugin_runtime import DeviceListStrategy, RuntimeConfig
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
 from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
 from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.devices.health import HealthTracker
 from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
+from ix_gpu.plugin.server.config_loader import load_runtime_config
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.node_config import Choice, NodeLabelReader, choose, named_configs
 from ix_gpu.plugin.server.node_labels import NodeLabeler, node_labels
@@ -68,7 +65,7 @@ class PluginApp:
     def __init__(
         self,
         settings: PluginSettings,
-        config: PluginConfig,
+        config: RuntimeConfig,
         backend: Backend,
         loaded_content: bytes | None = None,
     ) -> None:
@@ -79,7 +76,7 @@ class PluginApp:
         self.config = config
         self.backend = backend
         self.metrics = PluginMetrics()
-        self.tracker = HealthTracker(config.health.recover_after)
+        self.tracker = HealthTracker(config.recover_after)
         self.backend_error: str | None = None
         self.config_path = settings.config_path
         """The config file in use (one of ``config_dir``'s when the node label picks)."""
@@ -125,11 +122,11 @@ class PluginApp:
             control_nodes=self.backend.control_nodes(),
         )
 
-    def _watch(self, path: Path, loaded_content: bytes | None) -> LastGoodFiles[PluginConfig]:
+    def _watch(self, path: Path, loaded_content: bytes | None) -> LastGoodFiles[RuntimeConfig]:
         return LastGoodFiles(
             "config",
             [path],
-            lambda contents: parse_plugin_yaml(contents[0], str(path)),
+            lambda contents: load_runtime_config(contents[0], str(path)),
             loaded=[loaded_content] if loaded_content is not None else None,
             record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
             logger=log,
@@ -171,14 +168,14 @@ class PluginApp:
         if self._config_file is None:
             return False
         config = await asyncio.to_thread(self._config_file.poll)
-        if config is None or config.digest() == self.config.digest():
+        if config is None or config.digest == self.config.digest:
             return False
         old_resource = self.resource_name
         self.config = config
-        self.tracker.recover_after = config.health.recover_after
+        self.tracker.recover_after = config.recover_after
         log.info(
             "config reloaded: splitboard=%s replicas=%d resourceName=%s",
-            config.flags.splitboard,
+            config.splitboard,
             self.sharing.replicas,
             self.resource_name,
         )
@@ -216,7 +213,7 @@ class PluginApp:
             plan = self.sharing
             devices = build_device_list(
                 self._chips,
-                splitboard=self.config.flags.splitboard,
+                splitboard=self.config.splitboard,
                 replicas=plan.replicas,
                 shared=plan.devices,
                 key=plan.key,
@@ -239,7 +236,7 @@ class PluginApp:
             )
             self.metrics.devices.labels(health=HEALTHY).set(healthy)
             self.metrics.devices.labels(health=UNHEALTHY).set(len(devices.devices) - healthy)
-        if self.config.labels.enabled:
+        if self.config.labels_enabled:
             await self._label_node(devices)
 
     async def _write_cdi_spec(self, devices: DeviceList) -> bool:
@@ -247,10 +244,10 @@ class PluginApp:
         hands out must resolve in the spec, or the container fails to start. When the spec cannot
         be written, the new list is not advertised (pods wait instead of failing)."""
         vendor = self.backend.vendor
-        path = spec_path(self.config.cdi.spec_dir, vendor)
+        path = spec_path(self.config.cdi_spec_dir, vendor)
         try:
             control = self.backend.control_nodes()
-            spec = cdi_spec(devices, vendor, control, driver_root=self.config.cdi.driver_root)
+            spec = cdi_spec(devices, vendor, control, driver_root=self.config.cdi_driver_root)
             changed = await asyncio.to_thread(write_spec, spec, path)
         except (OSError, CdiError) as exc:
             message = str(exc)
@@ -284,7 +281,7 @@ class PluginApp:
     async def _health_loop(self) -> None:
         while not self.stop_event.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.health.interval_seconds)
+                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.health_interval_seconds)
             if not self.stop_event.is_set():
                 await self.check_once()
 

@@ -96,7 +96,7 @@ class DevicePluginServicer(DevicePluginBase):
                 list(req.available_deviceIDs),
                 list(req.must_include_deviceIDs),
                 req.allocation_size,
-                snapshot.config.allocation.replica_policy,
+                snapshot.config.replica_policy,
             )
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
