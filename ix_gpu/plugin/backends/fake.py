@@ -8,14 +8,13 @@ a symlink swap that neither reliably reports.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 from ix_gpu.devicemodel.input_files import ConfigError
 from ix_gpu.devicemodel.vendors import VENDORS, Vendor
 from ix_gpu.plugin.backends.base import BackendError, Chip
-from ix_gpu.runtime.forked import ForkedCallError, call_forked
+from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
 from ix_gpu.runtime.reload import LastGoodFiles
 
 
@@ -29,11 +28,11 @@ class FakeScan:
     chips: tuple[Chip, ...]
 
 
-def scan_forked(content: bytes | str, source: str) -> FakeScan:
-    """Validate in a forked child (:mod:`ix_gpu.runtime.forked`): the schema is pydantic."""
+def scan_isolated(content: bytes | str, source: str) -> FakeScan:
+    """Validate in a short-lived child (:mod:`ix_gpu.runtime.isolated`): the schema is pydantic."""
     try:
-        return call_forked(functools.partial(_scan, content, source), inline_if_loaded="pydantic")
-    except ForkedCallError as exc:
+        return call_isolated(_scan, content, source, inline_if_loaded="pydantic")
+    except IsolatedCallError as exc:
         raise ConfigError(f"{source}: cannot validate: {exc}") from None
 
 
@@ -52,7 +51,7 @@ class FakeBackend:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._file = LastGoodFiles(
-            "fake devices", [self.path], lambda contents: scan_forked(contents[0], str(self.path))
+            "fake devices", [self.path], lambda contents: scan_isolated(contents[0], str(self.path))
         )
         self._parsed: FakeScan | None = None
         self._load()  # fail at start-up, where a usage error is still possible

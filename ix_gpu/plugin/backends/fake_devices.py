@@ -1,6 +1,6 @@
 """The fake backend's devices file: its schema (pydantic) and what a scan of it yields.
 
-Validated in a forked child by :class:`ix_gpu.plugin.backends.fake.FakeBackend` (the plugin process
+Validated in a short-lived child by :class:`ix_gpu.plugin.backends.fake.FakeBackend` (the plugin process
 never imports pydantic), or directly by tests and ``ix-gpu devices``."""
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""The plugin's ix-config, validated in a forked child (:func:`ix_gpu.runtime.forked.call_forked`)
+"""The plugin's ix-config, validated in a short-lived child (:func:`ix_gpu.runtime.isolated.call_isolated`)
 and held as :class:`RuntimeConfig`: the schema is pydantic, and the long-running plugin process
 never imports it (about 12 MiB it could not give back)."""
 
 from __future__ import annotations
 
-import functools
-
 from ix_gpu.devicemodel.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
-from ix_gpu.runtime.forked import ForkedCallError, call_forked
+from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
 
 DEFAULTS_SOURCE = "(built-in defaults)"
 
@@ -17,8 +15,8 @@ def load_runtime_config(content: bytes | str | None, source: str) -> RuntimeConf
     """Validate ``content`` (ours or NVIDIA's format; ``None``: the built-in defaults). Raises
     :class:`ConfigError` naming ``source``, the field and its line, as the schema words it."""
     try:
-        return call_forked(functools.partial(_compile, content, source), inline_if_loaded="pydantic")
-    except ForkedCallError as exc:
+        return call_isolated(_compile, content, source, inline_if_loaded="pydantic")
+    except IsolatedCallError as exc:
         raise ConfigError(f"{source}: cannot validate: {exc}") from None
 
 
