@@ -262,13 +262,21 @@ def container_env(obj: dict[str, Any]) -> dict[str, str | None]:
 
 def test_install_plugin_pods_advertise_seed_004s_replicas_and_label_their_nodes(release: Release) -> None:
     api = release.api
-    pods = request_ok(api, "GET", f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3Ddevice-plugin")
-    assert sorted(p["spec"]["nodeName"] for p in pods["items"]) == ["gpu-a", "gpu-b"], pods
-    for pod in pods["items"]:
-        # Started, then kept, by the kubelet's startup and liveness probes on /healthz.
+    selector = f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3Ddevice-plugin"
+
+    def started() -> list[dict[str, Any]] | None:
+        # The kubelet's startup probe (httpGet /healthz on the pod IP, every 5 s) has passed.
+        items: list[dict[str, Any]] = request_ok(api, "GET", selector)["items"]
+        done = all(s.get("started") for p in items for s in p["status"].get("containerStatuses") or [])
+        return items if done and len(items) == 2 else None
+
+    pods = wait_until(started, "the plugin pods' startup probes passed", 60, interval=0.5)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["gpu-a", "gpu-b"], pods
+    for pod in pods:
+        # Started, and kept running, by the kubelet's startup and liveness probes.
         assert pod["status"]["phase"] == "Running", pod["status"]
         (status,) = pod["status"]["containerStatuses"]
-        assert status["started"] is True and status["restartCount"] == 0, status
+        assert status["restartCount"] == 0, status
         log = str(request_ok(api, "GET", f"{NS_PATH}/pods/{pod['metadata']['name']}/log"))
         assert "registered iluvatar.com/gpu with the kubelet" in log, log[-2000:]
     # Two boards, one device each (splitboard: false), each shared by 4.
