@@ -48,3 +48,28 @@ def test_a_result_that_cannot_travel_is_an_isolated_call_error() -> None:
 def test_inline_when_the_module_is_already_loaded() -> None:
     assert call_isolated(isolated_work.pid_and_pydantic, False, inline_if_loaded="pytest")[0] == os.getpid()
     assert call_isolated(isolated_work.pid_and_pydantic, False, inline_if_loaded="nowhere")[0] != os.getpid()
+
+
+def test_a_shared_child_answers_several_calls_from_several_threads_then_exits() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ix_gpu.runtime import isolated
+
+    with isolated.shared_child():
+        child = isolated._SHARED
+        assert child is not None
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: call_isolated(isolated_work.pid_and_pydantic, True), range(6)))
+        with pytest.raises(ConfigError, match="refused here"):
+            call_isolated(isolated_work.refuse, "refused here")
+    assert {pid for pid, _ in answers} == {child.process.pid} != {os.getpid()}
+    assert child.process.returncode == 0  # it left when its stdin closed
+    # Without the block, each call has its own child again.
+    assert call_isolated(isolated_work.pid_and_pydantic, False)[0] != child.process.pid
+
+
+def test_a_shared_child_that_dies_is_an_isolated_call_error() -> None:
+    from ix_gpu.runtime import isolated
+
+    with isolated.shared_child(), pytest.raises(IsolatedCallError, match="killed by SIGKILL"):
+        call_isolated(isolated_work.die, "kill")

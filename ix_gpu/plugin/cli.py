@@ -219,11 +219,14 @@ def run_plugin(args: argparse.Namespace) -> int:
             "label cannot be read: the default config applies",
             config_dir,
         )
-    # The config and the fake backend's devices file are validated in child interpreters (about
-    # 0.4 s each): both start on threads at once, and this thread imports the server meanwhile.
+    # The config and the fake backend's devices file are validated in a child interpreter (see
+    # ix_gpu.runtime.isolated; it imports pydantic once, about 0.4 s), asked from two threads,
+    # while this thread imports the server.
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(2, thread_name_prefix="plugin-start") as pool:
+    from ix_gpu.runtime.isolated import shared_child
+
+    with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="plugin-start") as pool:
         starting = pool.submit(_make_backend, args)
         loading = pool.submit(_load_config, args, node_config.value() if node_config else None)
         from ix_gpu.plugin.server.app import PluginApp, PluginSettings

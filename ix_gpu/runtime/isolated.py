@@ -12,18 +12,22 @@ on a worker thread) would wait for that lock forever. The price is the interpret
 
 The function is named by module and qualified name, its arguments and result are pickled; the
 result (or the exception the work raised) must be of classes the caller can import without the
-heavy modules.
+heavy modules. Several calls in a row (the plugin's start: its config and its devices file) can
+share one child, so the imports are paid once: ``with shared_child(): ...``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pickle
+import struct
 import subprocess
 import sys
+import threading
 import traceback
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import IO, Any, TypeVar
 
 T = TypeVar("T")
 
@@ -43,6 +47,10 @@ def call_isolated(
     if inline_if_loaded is not None and inline_if_loaded in sys.modules:
         return function(*args)
     request = pickle.dumps((function.__module__, function.__qualname__, args))
+    shared = _SHARED
+    if shared is not None:
+        shared_result: T = _answer(shared.call(request, timeout))
+        return shared_result
     try:
         done = subprocess.run(
             [sys.executable, "-m", __name__],
@@ -57,10 +65,14 @@ def call_isolated(
         raise IsolatedCallError(f"cannot start {sys.executable}: {exc}") from None
     if not done.stdout:
         raise IsolatedCallError(f"the child died without an answer ({_describe(done.returncode)})")
-    kind, value = pickle.loads(done.stdout)
+    result: T = _answer(done.stdout)
+    return result
+
+
+def _answer(payload: bytes) -> Any:
+    kind, value = pickle.loads(payload)
     if kind == "ok":
-        result: T = value
-        return result
+        return value
     if kind == "raised":
         raise value
     raise IsolatedCallError(f"the work failed in the child: {value}")
@@ -74,8 +86,72 @@ def _describe(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
-def _serve() -> int:  # the child
-    module, qualname, args = pickle.loads(sys.stdin.buffer.read())
+class _SharedChild:
+    """One child answering framed requests (8-byte length, then the pickle) until its stdin closes."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self.lock = threading.Lock()  # one request at a time: the child answers in order
+
+    def call(self, request: bytes, timeout: float) -> bytes:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with self.lock:
+            timer = threading.Timer(timeout, self.process.kill)
+            timer.start()
+            try:
+                self.process.stdin.write(struct.pack("!Q", len(request)) + request)
+                self.process.stdin.flush()
+                answer = _read_frame(self.process.stdout)
+            except OSError:
+                answer = None
+            finally:
+                timer.cancel()
+        if answer is None:
+            code = self.process.wait()
+            raise IsolatedCallError(f"the child died without an answer ({_describe(code)})")
+        return answer
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+_SHARED: _SharedChild | None = None
+
+
+@contextlib.contextmanager
+def shared_child() -> Iterator[None]:
+    """Within the block, :func:`call_isolated` sends its calls (from any thread, one at a time) to
+    one child started here, which imports what they need once."""
+    global _SHARED
+    child = _SharedChild()
+    _SHARED = child
+    try:
+        yield
+    finally:
+        _SHARED = None
+        child.close()
+
+
+def _read_frame(stream: IO[bytes]) -> bytes | None:
+    header = stream.read(8)
+    if len(header) < 8:
+        return None
+    (size,) = struct.unpack("!Q", header)
+    payload = stream.read(size)
+    return payload if len(payload) == size else None
+
+
+def _run(request: bytes) -> bytes:  # in the child
+    module, qualname, args = pickle.loads(request)
     try:
         function: Any = importlib.import_module(module)
         for part in qualname.split("."):
@@ -84,11 +160,21 @@ def _serve() -> int:  # the child
     except Exception as exc:  # every failure of the work goes back to the caller
         answer = ("raised", exc)
     try:
-        payload = pickle.dumps(answer)
+        return pickle.dumps(answer)
     except Exception as exc:  # a result (or exception) that cannot travel
-        payload = pickle.dumps(("crashed", "".join(traceback.format_exception_only(exc)).strip()))
-    sys.stdout.buffer.write(payload)
-    sys.stdout.buffer.flush()
+        return pickle.dumps(("crashed", "".join(traceback.format_exception_only(exc)).strip()))
+
+
+def _serve() -> int:  # the child: one request on stdin, or framed requests with --serve
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    if "--serve" not in sys.argv[1:]:
+        stdout.write(_run(stdin.read()))
+        stdout.flush()
+        return 0
+    while (request := _read_frame(stdin)) is not None:
+        answer = _run(request)
+        stdout.write(struct.pack("!Q", len(answer)) + answer)
+        stdout.flush()
     return 0
 
 
