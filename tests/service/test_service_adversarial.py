@@ -8,7 +8,10 @@ generated CA. Throughout:
 
 - no answer is a 5xx (not even the ``--request-budget`` 503: the mix is meant to fit its budget
   at this parallelism), and no review is answered as an internal error (status code 500, or the
-  internal-errors metric moving);
+  internal-errors metric moving). The one 503 allowed is the in-flight byte budget's (16 MiB of
+  bodies held at once), and only when the bodies this client had in flight around that answer
+  really went past it: 8 senders of near-3 MiB reviews can (CI run at 4df132e: one such 503 in
+  20,000, with 3 MiB bodies on other connections meanwhile);
 - every answer is the one the case allows (a 200 with the expected decision, or a 400/413 with a
   one-line JSON error), echoes the uid, and its patch applies to the object sent;
 - every answer comes within 1 s (client clock);
@@ -43,6 +46,7 @@ import jsonpatch
 import orjson
 import pytest
 
+from ix_gpu.webhook.service.limit_settings import Limits
 from tests.support.adversarial import (
     DENIED,
     MAX_BODY,
@@ -181,6 +185,38 @@ def _check_review_answer(case: Case, answer: bytes) -> str | None:
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, KeyError, TypeError) as exc:
             return f"patch does not apply: {type(exc).__name__}: {exc}"
     return None
+
+
+def _bytes_in_flight_around(index: int, cases: list[Case], outcomes: list[Outcome]) -> int:
+    """Body bytes this client had in flight at some point of answer ``index``'s life, itself
+    included: every request whose send-to-answer interval overlaps it (an upper bound of what the
+    webhook held, which counts a body from its headers to its answer)."""
+    this = outcomes[index]
+    begin, end = this.started, this.started + this.seconds
+    return sum(
+        _held_at_most(case)
+        for case, other in zip(cases, outcomes, strict=True)
+        if other.started <= end and other.started + other.seconds >= begin
+    )
+
+
+def _held_at_most(case: Case) -> int:
+    """What the webhook may reserve for this case: its body; for a chunked body past the limit,
+    what arrives before the refusal (the limit and one 64 KiB chunk)."""
+    if case.send == "chunked-over":
+        return min(case.declared, MAX_BODY + 64 * 1024)
+    return len(case.body)
+
+
+def _shed_fairly(index: int, cases: list[Case], outcomes: list[Outcome]) -> bool:
+    """A 503 of the in-flight byte budget, when the client's bodies really went past it."""
+    outcome = outcomes[index]
+    return (
+        outcome.status == 503
+        and b"in flight" in outcome.body
+        and "retry-after" in {k.lower() for k in outcome.headers or {}}
+        and _bytes_in_flight_around(index, cases, outcomes) > Limits.max_inflight_body_bytes
+    )
 
 
 def _check(case: Case, outcome: Outcome) -> str | None:
@@ -324,7 +360,7 @@ def test_adversarial_reviews_never_stall_or_exhaust_the_webhook(tmp_path: Path, 
     problems = [
         (case.category, f"#{i} ({len(case.body)} B): {problem}")
         for i, (case, outcome) in enumerate(zip(cases, outcomes, strict=True))
-        if (problem := _check(case, outcome)) is not None
+        if not _shed_fairly(i, cases, outcomes) and (problem := _check(case, outcome)) is not None
     ]
     # Every criterion is checked and reported at once: one run shows all that is wrong.
     failed: list[str] = []
@@ -332,7 +368,8 @@ def test_adversarial_reviews_never_stall_or_exhaust_the_webhook(tmp_path: Path, 
         failed.append("the webhook exited")
     if problems:
         failed.append(f"{len(problems)} bad answers, e.g.:\n{_examples(problems)}")
-    if fivexx := sum(o.status >= 500 for o in outcomes):
+    shed = sum(_shed_fairly(i, cases, outcomes) for i in range(len(outcomes)))
+    if fivexx := sum(o.status >= 500 for o in outcomes) - shed:
         failed.append(f"{fivexx} answers were 5xx")
     if internal_errors or crashes:
         failed.append(
