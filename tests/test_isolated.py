@@ -73,3 +73,12 @@ def test_a_shared_child_that_dies_is_an_isolated_call_error() -> None:
 
     with isolated.shared_child(), pytest.raises(IsolatedCallError, match="killed by SIGKILL"):
         call_isolated(isolated_work.die, "kill")
+
+
+def test_a_shared_child_past_its_deadline_is_killed_and_said_so() -> None:
+    from ix_gpu.runtime import isolated
+
+    started = time.monotonic()
+    with isolated.shared_child(), pytest.raises(IsolatedCallError, match="did not answer within 1s"):
+        call_isolated(isolated_work.die, "hang", timeout=1)
+    assert time.monotonic() - started < 10

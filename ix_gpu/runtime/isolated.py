@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import IO, Any, TypeVar
@@ -99,6 +100,7 @@ class _SharedChild:
     def call(self, request: bytes, timeout: float) -> bytes:
         assert self.process.stdin is not None and self.process.stdout is not None
         with self.lock:
+            deadline = time.monotonic() + timeout
             timer = threading.Timer(timeout, self.process.kill)
             timer.start()
             try:
@@ -111,6 +113,8 @@ class _SharedChild:
                 timer.cancel()
         if answer is None:
             code = self.process.wait()
+            if time.monotonic() >= deadline:  # killed by the timer above
+                raise IsolatedCallError(f"the child did not answer within {timeout:g}s")
             raise IsolatedCallError(f"the child died without an answer ({_describe(code)})")
         return answer
 
