@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -717,6 +718,69 @@ def _write_state(work_dir: Path, state: dict[str, Any]) -> None:
     tmp.replace(_state_path(work_dir))
 
 
+def chart_values(
+    api_url: str,
+    devices_dir: Path,
+    driver_root: Path,
+    webhook_port: int,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Values for charts/ix-gpu on this cluster (kubelets on ``host_address()``): what adapts the
+    chart to loopback pods, no kube-proxy and no GPU, and nothing else (tests/k8s/README.md).
+
+    - ``webhook.hostNetwork``: loopback pod IPs cannot be Service endpoints.
+    - ``*.extraEnv`` ``KUBERNETES_SERVICE_HOST/PORT``: the ``kubernetes`` Service's ClusterIP
+      leads nowhere without kube-proxy.
+    - The plugin: the fake backend with ``devices_dir/<node>.yaml``, /healthz and /metrics on its
+      pod IP (fake-cri's pods share one network namespace), the driver root ``driver_root``.
+    - ``config``: the webhook's config (default: the built-in one with ``driver_root`` as the
+      Iluvatar driver's hostPath); the plugin runs seed 004's ix-config.
+    """
+    if config is None:
+        config = yaml.safe_load(ix_gpu("config", "default", check=True).stdout)
+        for profile in config["profiles"]:
+            for volume in profile["volumes"]:
+                if volume["hostPath"] == "/usr/local/corex":
+                    volume["hostPath"] = str(driver_root)
+    port = urllib.parse.urlsplit(api_url).port
+    api_env = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
+    ]
+    return {
+        "config": config,
+        "webhook": {
+            "replicas": 1,
+            "hostNetwork": True,
+            "port": webhook_port,
+            "podDisruptionBudget": {"enabled": False},
+            "extraEnv": api_env,
+        },
+        "plugin": {
+            "config": yaml.safe_load(SEED_004_CONFIG),
+            "driver": {"root": str(driver_root)},
+            "extraEnv": [
+                *api_env,
+                {"name": "IX_GPU_BACKEND", "value": "fake"},
+                {"name": "IX_GPU_FAKE_DEVICES", "value": f"{devices_dir}/$(NODE_NAME).yaml"},
+                {"name": "IX_GPU_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            ],
+        },
+        "tests": {"extraEnv": api_env},
+    }
+
+
+def write_chart_inputs(work_dir: Path, nodes: tuple[NodeSpec, ...]) -> tuple[Path, Path]:
+    """Each node's fake devices file (``work_dir/fake-devices/<node>.yaml``) and a driver root
+    with a ``lib64`` (``work_dir/corex``): what :func:`chart_values` points the chart at."""
+    devices, driver_root = work_dir / "fake-devices", work_dir / "corex"
+    devices.mkdir(parents=True, exist_ok=True)
+    (driver_root / "lib64").mkdir(parents=True, exist_ok=True)
+    for spec in nodes:
+        (devices / f"{spec.name}.yaml").write_text(spec.devices)
+    return devices, driver_root
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -861,6 +925,7 @@ def main(argv: list[str] | None = None) -> int:
         ("up", "start the cluster (detached); prints the kubeconfig path"),
         ("down", "stop the cluster and remove DIR"),
         ("status", "print DIR/state.json"),
+        ("chart-values", "print values for `helm install` of charts/ix-gpu on this cluster"),
         ("serve", "the supervisor that `up` starts (foreground)"),
     ):
         p = sub.add_parser(name, help=text)
@@ -906,7 +971,16 @@ def main(argv: list[str] | None = None) -> int:
         return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip)
     if args.command == "down":
         return down(work_dir)
-    print(json.dumps(_read_state(work_dir), indent=1))
+    state = _read_state(work_dir)
+    if args.command == "chart-values":
+        if not state or state.get("status") != "running":
+            print(f"no running cluster in {work_dir}", file=sys.stderr)
+            return 1
+        devices, driver_root = write_chart_inputs(work_dir, node_specs(CLI_CIDR_OCTET))
+        values = chart_values(str(state["apiserver"]), devices, driver_root, free_port())
+        print(yaml.safe_dump(values, sort_keys=False), end="")
+        return 0
+    print(json.dumps(state, indent=1))
     return 0
 
 

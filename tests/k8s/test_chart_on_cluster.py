@@ -40,7 +40,6 @@ import os
 import secrets
 import subprocess
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.cluster import SEED_004_CONFIG, MiniCluster, host_address, node_specs
+from tests.k8s.cluster import MiniCluster, chart_values, host_address, node_specs, write_chart_inputs
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd, kubeflow_tfjob_crd
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
@@ -185,14 +184,9 @@ def release(
         pytest.skip("no global IPv4 address on this machine (EndpointSlices refuse loopback ones)")
     helm = build_helm()
     work = tmp_path_factory.mktemp("chart-on-cluster")
-    driver_root = work / "corex"
-    (driver_root / "lib64").mkdir(parents=True)
     started = time.monotonic()
     nodes = node_specs(14)  # pod IPs apart from the other modules' clusters
-    devices = work / "fake-devices"
-    devices.mkdir()
-    for spec in nodes:
-        (devices / f"{spec.name}.yaml").write_text(spec.devices)
+    devices, driver_root = write_chart_inputs(work, nodes)
     with MiniCluster(
         work / "cluster",
         binaries=build_cluster_binaries(),
@@ -203,32 +197,7 @@ def release(
         kubelet_config={"syncFrequency": "5s"},
     ) as mini:
         print(f"\nmini cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
-        api_port = urllib.parse.urlsplit(mini.api.url).port
-        api_env = [
-            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": str(api_port)},
-        ]
-        values = {
-            "config": release_config(driver_root),
-            "webhook": {
-                "replicas": 1,
-                "hostNetwork": True,
-                "port": free_port(),
-                "podDisruptionBudget": {"enabled": False},
-                "extraEnv": api_env,
-            },
-            "plugin": {
-                "config": yaml.safe_load(SEED_004_CONFIG),
-                "driver": {"root": str(driver_root)},
-                "extraEnv": [
-                    *api_env,
-                    {"name": "IX_GPU_BACKEND", "value": "fake"},
-                    {"name": "IX_GPU_FAKE_DEVICES", "value": f"{devices}/$(NODE_NAME).yaml"},
-                    {"name": "IX_GPU_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                ],
-            },
-            "tests": {"extraEnv": api_env},
-        }
+        values = chart_values(mini.api.url, devices, driver_root, free_port(), release_config(driver_root))
         installed = Release(mini, helm, work, address, values)
         started = time.monotonic()
         chart = str(ROOT / "charts" / "ix-gpu")
