@@ -16,6 +16,9 @@ so one careless or hostile client must not be able to stall or bloat it:
   child process, one at a time, killed at ``request_budget`` seconds (:class:`HeavyLane`), so the
   loop keeps answering ``/healthz`` and small reviews meanwhile. The work per byte is bounded by
   the core's caps; the budget bounds the wait.
+- **The collector's full passes**: the objects made at start-up (the app, the compiled config,
+  pydantic's and FastAPI's classes) are frozen out of the cyclic collector
+  (:func:`freeze_startup_heap`), so a full pass walks only what requests made since.
 """
 
 from __future__ import annotations
@@ -200,6 +203,22 @@ def _child_main(write_fd: int, work: Callable[[], bytes]) -> NoReturn:  # pragma
             os.write(2, traceback.format_exc().encode("utf-8", "replace")[-8192:])
     finally:
         os._exit(code)
+
+
+def freeze_startup_heap() -> int:
+    """Move every object alive now out of the cyclic collector's reach; the count moved.
+
+    Why: the collector's full pass (generation 2) walks every tracked object, and most of the
+    server's are start-up's, which live until exit: measured 52-61 ms a pass with 63 000 objects,
+    a pause of the event loop (``/healthz`` and every review waiting) that the adversarial load
+    set off a few times a minute. Frozen, a full pass costs only what requests left, about
+    nothing. Start-up objects are never garbage, so nothing is leaked by not walking them; a
+    frozen object's memory stays until exit, as it would have anyway. Called once the server is
+    fully loaded (uvicorn's protocol classes imported), just before the first connection.
+    """
+    gc.collect()  # what start-up left as garbage goes now, not frozen forever
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _glibc() -> ctypes.CDLL | None:

@@ -33,7 +33,13 @@ from ix_gpu.webhook.service.hot_reload import (
     LiveConfig,
     poll_forever,
 )
-from ix_gpu.webhook.service.limits import FREED_MEMORY, Limits, fix_malloc_mmap_threshold, guarded_protocol
+from ix_gpu.webhook.service.limits import (
+    FREED_MEMORY,
+    Limits,
+    fix_malloc_mmap_threshold,
+    freeze_startup_heap,
+    guarded_protocol,
+)
 from ix_gpu.webhook.service.metrics import ServiceMetrics
 from ix_gpu.webhook.service.namespace_cache import (
     NamespaceCache,
@@ -209,7 +215,9 @@ async def serve(service: Service) -> None:
         timeout_keep_alive=30,
         ssl_context_factory=lambda _config, _default: service.ssl_context,
     )
+    config.load()  # imports the protocol classes now, so that they are frozen with the rest
     server = uvicorn.Server(config)
+    frozen = freeze_startup_heap()
     service.namespaces.start()
     reloads = asyncio.create_task(poll_forever(service.options.reload_interval, service.pollers))
     trims = asyncio.create_task(FREED_MEMORY.run())
@@ -221,6 +229,7 @@ async def serve(service: Service) -> None:
                 "config": service.live_config.source,
                 "digest": service.live_config.current.digest,
                 "namespaces": service.namespaces.mode,
+                "frozenObjects": frozen,
             }
         },
     )
