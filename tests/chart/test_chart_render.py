@@ -731,6 +731,20 @@ def test_webhook_deployment_is_hardened_and_probed_over_https() -> None:
     assert "hostNetwork" not in pod and "dnsPolicy" not in pod
 
 
+def test_webhook_disruption_budget_never_blocks_a_drain() -> None:
+    """A budget that keeps every replica up makes ``kubectl drain`` retry the eviction forever: with
+    one replica no budget is rendered, and an integer minAvailable must be below replicas."""
+    single = render({"webhook": {"replicas": 1}})
+    assert [o for o in single if o["kind"] == "PodDisruptionBudget"] == []
+    assert find(single, "Deployment", WEBHOOK)["spec"]["replicas"] == 1
+    three = render({"webhook": {"replicas": 3, "podDisruptionBudget": {"minAvailable": 2}}})
+    assert find(three, "PodDisruptionBudget", WEBHOOK)["spec"]["minAvailable"] == 2
+    percent = render({"webhook": {"podDisruptionBudget": {"minAvailable": "50%"}}})
+    assert find(percent, "PodDisruptionBudget", WEBHOOK)["spec"]["minAvailable"] == "50%"
+    with pytest.raises(HelmError, match=r"minAvailable \(2\) must be less than webhook\.replicas \(2\)"):
+        render({"webhook": {"podDisruptionBudget": {"minAvailable": 2}}})
+
+
 def test_webhook_host_network_option() -> None:
     values = {"webhook": {"hostNetwork": True, "nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}}
     pod = find(render(values), "Deployment", WEBHOOK)["spec"]["template"]["spec"]

@@ -753,7 +753,6 @@ def chart_values(
             "replicas": 1,
             "hostNetwork": True,
             "port": webhook_port,
-            "podDisruptionBudget": {"enabled": False},
             "extraEnv": api_env,
         },
         "plugin": {
