@@ -704,6 +704,9 @@ def test_webhook_deployment_is_hardened_and_probed_over_https() -> None:
     (container,) = pod["containers"]
     assert spec["replicas"] == 2
     assert pod["serviceAccountName"] == WEBHOOK
+    # SIGTERM drains for 5 s; the grace period covers that and the reviews then in flight.
+    assert "--shutdown-delay=5" in container["args"]
+    assert pod["terminationGracePeriodSeconds"] == 25
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {

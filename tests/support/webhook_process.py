@@ -90,6 +90,10 @@ class WebhookProcess:
             args += ["--config", str(self.config)]
         if self.kubeconfig is not None:
             args += ["--kubeconfig", str(self.kubeconfig)]
+        if not any(arg.startswith("--shutdown-delay") for arg in self.extra):
+            # Tests stop hundreds of webhooks; the drain on SIGTERM has its own tests
+            # (tests/service/test_service_shutdown.py).
+            args += ["--shutdown-delay", "0"]
         return args + self.extra
 
     @property

@@ -97,6 +97,8 @@ def test_mutate_denied_exits_1_with_reason() -> None:
         (["mutate", "-f", "-", "--namespace-label", "novalue"], "{}", "expected KEY=VALUE"),
         (["certs", "generate", "--out", "/tmp/x", "--ip", "300.1.1.1"], None, "is not an IP address"),
         (["bogus"], None, "invalid choice"),
+        (["webhook", "--shutdown-delay", "-1"], None, "must be between 0 and 3600 seconds, got -1"),
+        (["webhook", "--shutdown-delay", "nan"], None, "must be between 0 and 3600 seconds, got nan"),
         (["config", "schema", "extra"], None, "unrecognized arguments: extra"),
         (["config", "scheme"], None, "invalid choice"),
     ],

@@ -127,12 +127,21 @@ class AdmissionLane:
         request_timeout: float,
         max_body_bytes: int,
         inflight: ByteBudget,
+        closing: Callable[[], bool],
     ) -> None:
         self._handler = handler
         self._app = app
         self._timeout = request_timeout
         self._limit = max_body_bytes
         self._inflight = inflight
+        self._closing = closing
+
+    async def _respond(self, send: Send, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
+        """While the replica drains (:mod:`.draining`), every answer closes its connection, so the
+        client's next review opens one to a replica that stays."""
+        if self._closing() and _CLOSE_HEADER not in extra:
+            extra = (*extra, _CLOSE_HEADER)
+        await _respond(send, status, body, *extra)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != MUTATE_PATH:
@@ -140,12 +149,12 @@ class AdmissionLane:
             return
         started = time.perf_counter()
         if scope["method"] != "POST":
-            await _respond(send, 405, error_body("Method Not Allowed"), (b"allow", b"POST"))
+            await self._respond(send, 405, error_body("Method Not Allowed"), (b"allow", b"POST"))
             return
         media_type = (_header(scope, b"content-type") or b"").partition(b";")[0].strip().lower()
         if media_type != b"application/json":
             status, body = self._handler.reject(415, f"Content-Type must be {JSON}", started)
-            await _respond(send, status, body)
+            await self._respond(send, status, body)
             return
         held: list[int] = []
         try:
@@ -155,17 +164,18 @@ class AdmissionLane:
                 status, body = self._handler.reject(exc.status, str(exc), started)
                 # The rest of the body is not worth reading: close instead of draining it.
                 extra = [_CLOSE_HEADER, *([_RETRY_AFTER] if exc.status == 503 else [])]
-                await _respond(send, status, body, *extra)
+                await self._respond(send, status, body, *extra)
                 return
             except _ClientGone:
                 status, body = self._handler.reject(
                     400, "client disconnected before the body was complete", started
                 )
-                await _respond(send, status, body, _CLOSE_HEADER)  # dropped by the server: nobody listens
+                # Dropped by the server: nobody listens.
+                await self._respond(send, status, body, _CLOSE_HEADER)
                 return
             status, body = await self._handler.handle(raw, started)
             del raw
-            await _respond(send, status, body, *([_RETRY_AFTER] if status == 503 else []))
+            await self._respond(send, status, body, *([_RETRY_AFTER] if status == 503 else []))
         finally:
             self._inflight.release(sum(held))
 
@@ -178,6 +188,7 @@ def create_app(
     request_timeout: float = 10.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_inflight_body_bytes: int = Limits.max_inflight_body_bytes,
+    closing: Callable[[], bool] = lambda: False,
 ) -> AdmissionLane:
     app = FastAPI(title="ix-gpu webhook", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -210,4 +221,5 @@ def create_app(
         request_timeout=request_timeout,
         max_body_bytes=max_body_bytes,
         inflight=ByteBudget(max_inflight_body_bytes),
+        closing=closing,
     )

@@ -27,6 +27,7 @@ from ix_gpu.runtime.kube import in_cluster
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
 from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
+from ix_gpu.webhook.service.draining import Drain, DrainingServer
 from ix_gpu.webhook.service.hot_reload import (
     CertReloader,
     ConfigReloader,
@@ -71,6 +72,7 @@ class ServiceOptions:
     namespace_lookup_timeout: float = 2.0
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
+    shutdown_delay: float = 5.0
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Service:
     live_config: LiveConfig
     namespaces: NamespaceSource
     metrics: ServiceMetrics
+    drain: Drain
     pollers: list[Any] = field(default_factory=list)
 
     @property
@@ -179,14 +182,16 @@ def prepare(options: ServiceOptions) -> Service:
 
     namespaces = _namespace_source(options, metrics)
     handler = AdmissionHandler(live, namespaces, metrics, options.limits)
+    drain = Drain(options.shutdown_delay)
 
     def readiness() -> tuple[bool, dict[str, Any]]:
         details = {
             "config": live.status(),
             "certs": cert_reloader.status(),
             "namespaces": namespaces.status(),
+            "draining": drain.active,
         }
-        return namespaces.ready(), details
+        return namespaces.ready() and not drain.active, details
 
     app = create_app(
         handler,
@@ -194,9 +199,10 @@ def prepare(options: ServiceOptions) -> Service:
         readiness,
         request_timeout=options.request_timeout,
         max_inflight_body_bytes=options.limits.max_inflight_body_bytes,
+        closing=lambda: drain.active,
     )
     sock = _bind(options.host, options.port)
-    return Service(options, app, context, sock, live, namespaces, metrics, pollers)
+    return Service(options, app, context, sock, live, namespaces, metrics, drain, pollers)
 
 
 async def serve(service: Service) -> None:
@@ -213,10 +219,13 @@ async def serve(service: Service) -> None:
         server_header=False,
         # The apiserver keeps connections to webhooks; a longer idle timeout saves handshakes.
         timeout_keep_alive=30,
+        # At shutdown, a review still in flight gets its body's timeout and a margin for the work;
+        # the kubelet's SIGKILL comes later (the chart's terminationGracePeriodSeconds).
+        timeout_graceful_shutdown=int(service.options.request_timeout) + 5,
         ssl_context_factory=lambda _config, _default: service.ssl_context,
     )
     config.load()  # imports the protocol classes now, so that they are frozen with the rest
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, service.drain)
     frozen = freeze_startup_heap()
     service.namespaces.start()
     reloads = asyncio.create_task(poll_forever(service.options.reload_interval, service.pollers))

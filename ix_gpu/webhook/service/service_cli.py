@@ -13,14 +13,22 @@ from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
 from ix_gpu.webhook.service.limit_settings import Limits
 
 
-def _seconds(text: str) -> float:
+def _parse_seconds(text: str, *, zero_ok: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value <= 3600:
+    if not ((value >= 0 if zero_ok else value > 0) and value <= 3600):  # NaN fails both
         raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
     return value
+
+
+def _seconds(text: str) -> float:
+    return _parse_seconds(text, zero_ok=False)
+
+
+def _seconds_or_zero(text: str) -> float:
+    return _parse_seconds(text, zero_ok=True)
 
 
 def _positive_int(text: str) -> int:
@@ -76,6 +84,16 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=_seconds,
         metavar="SECONDS",
         help="longest wait for a request body before answering 408 (default: 10)",
+    )
+    webhook.add_argument(
+        "--shutdown-delay",
+        default=5.0,
+        type=_seconds_or_zero,
+        metavar="SECONDS",
+        help="on SIGTERM, go on serving this long with /readyz failing and every answer closing its "
+        "connection, so the apiserver moves to the other replicas before this one stops listening; "
+        "then finish the reviews in flight and exit 0. 0, a second SIGTERM, or SIGINT: stop at once "
+        "(default: 5)",
     )
     add_log_level(webhook, "; info logs one line per admission")
     defaults = Limits()
@@ -135,6 +153,7 @@ def _run_webhook(args: argparse.Namespace) -> int:
         reload_interval=args.reload_interval,
         request_timeout=args.request_timeout,
         log_level=args.log_level,
+        shutdown_delay=args.shutdown_delay,
         limits=Limits(
             max_connections=args.max_connections,
             header_timeout=args.header_timeout,
