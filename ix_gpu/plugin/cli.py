@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
     from ix_gpu.plugin.backends.base import Backend
     from ix_gpu.plugin.devices.device_list import DeviceList
+    from ix_gpu.plugin.server.node_config import NodeLabelReader
     from ix_gpu.runtime.kube import ApiServer
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -206,32 +207,28 @@ def run_plugin(args: argparse.Namespace) -> int:
 
     json_logging.configure(args.log_level)
     node_name = os.environ.get("NODE_NAME")
-    api_server = _api_server(args)
     config_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
-    node_config = None
-    if config_dir is not None and api_server is not None and node_name:
-        from ix_gpu.plugin.server.node_config import NodeLabelReader
-
-        node_config = NodeLabelReader(api_server, node_name, args.node_config_interval)
-    elif config_dir is not None:
-        logging.getLogger("ix_gpu.plugin").warning(
-            "--config %s is a directory of configs, but without NODE_NAME and cluster access the node "
-            "label cannot be read: the default config applies",
-            config_dir,
-        )
     # The config and the fake backend's devices file are validated in a child interpreter (see
     # ix_gpu.runtime.isolated; it imports pydantic once, about 0.4 s), asked from two threads,
-    # while this thread imports the server.
+    # while this thread imports the server. The config is loaded once, there: whether the plugin
+    # needs cluster access for node labels is read from it afterwards (asking first cost a second
+    # child, 0.3-0.5 s of start-up, before this one even started).
     from concurrent.futures import ThreadPoolExecutor
 
     from ix_gpu.runtime.isolated import shared_child
 
     with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="plugin-start") as pool:
         starting = pool.submit(_make_backend, args)
+        # A directory of configs needs the Node's label to pick one, so access comes first then.
+        early = args.kubeconfig is not None or config_dir is not None
+        api_server = _connect(args.kubeconfig) if early else None
+        node_config = _node_config_reader(args, api_server, node_name, config_dir)
         loading = pool.submit(_load_config, args, node_config.value() if node_config else None)
         from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 
         config, config_path, config_content = loading.result()
+        if api_server is None and config.labels_enabled:
+            api_server = _connect(None)
         try:
             backend = starting.result()
         except BackendStartError as exc:
@@ -309,18 +306,29 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
     return Discovered(config, backend, plan.resource, devices)
 
 
-def _api_server(args: argparse.Namespace) -> ApiServer | None:
-    """The apiserver, for node labels and per-node configs: ``--kubeconfig``, else in-cluster,
-    else None. Imported only when needed: urllib.request and ssl cost the plugin memory."""
-    if args.kubeconfig is None and not (
-        (args.config and Path(args.config).is_dir()) or _labels_wanted(args)
-    ):
+def _node_config_reader(
+    args: argparse.Namespace, api_server: ApiServer | None, node_name: str | None, config_dir: Path | None
+) -> NodeLabelReader | None:
+    """What follows the node's config label, when ``--config`` is a directory of named configs."""
+    import logging
+
+    if config_dir is None:
         return None
-    return _connect(args.kubeconfig)
+    if api_server is None or not node_name:
+        logging.getLogger("ix_gpu.plugin").warning(
+            "--config %s is a directory of configs, but without NODE_NAME and cluster access the node "
+            "label cannot be read: the default config applies",
+            config_dir,
+        )
+        return None
+    from ix_gpu.plugin.server.node_config import NodeLabelReader
+
+    return NodeLabelReader(api_server, node_name, args.node_config_interval)
 
 
 def _connect(kubeconfig: str | None) -> ApiServer | None:
-    """``kubeconfig``'s apiserver, else the in-cluster one, else None."""
+    """``kubeconfig``'s apiserver, else the in-cluster one, else None. Imported only when needed:
+    urllib.request and ssl cost the plugin memory."""
     from ix_gpu.runtime.kube import ApiServer
 
     if kubeconfig is not None:
@@ -329,15 +337,6 @@ def _connect(kubeconfig: str | None) -> ApiServer | None:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return ApiServer.in_cluster()
-
-
-def _labels_wanted(args: argparse.Namespace) -> bool:
-    """Whether the config file (not a directory) asks for node labels; a directory's configs are
-    only known after the choice, so a plugin with one always gets cluster access if it has any."""
-    try:
-        return _load_config(args).config.labels_enabled
-    except UsageError:
-        return False
 
 
 def run_labels_prune(args: argparse.Namespace) -> int:

@@ -97,3 +97,45 @@ def test_digest_changes_with_content_only() -> None:
     b = parse_plugin_config({"flags": {"splitboard": True}})
     c = parse_plugin_config({"flags": {"splitboard": False}})
     assert a.digest() == b.digest() != c.digest()
+
+
+@pytest.mark.parametrize("labels_enabled", [False, True])
+def test_the_plugin_validates_its_config_once_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, labels_enabled: bool
+) -> None:
+    """Start-up validated the config twice: first only to learn whether node labels need cluster
+    access, in a child interpreter of its own before the shared one started (0.3-0.5 s of the 1 s
+    start budget), then again. Now once, and cluster access is asked for after it, only when the
+    config enables labels (here: not in a cluster, so none)."""
+    from ix_gpu.cli import build_parser
+    from ix_gpu.plugin import cli as plugin_cli
+    from ix_gpu.plugin.server import config_loader
+    from ix_gpu.runtime import json_logging
+    from ix_gpu.runtime.usage import UsageError
+    from tests.support.paths import FAKE_DEVICES
+
+    monkeypatch.setattr(json_logging, "configure", lambda level: None)  # keep pytest's log capture
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    loads: list[str] = []
+    real_load = config_loader.load_runtime_config
+    monkeypatch.setattr(
+        config_loader,
+        "load_runtime_config",
+        lambda content, source: loads.append(source) or real_load(content, source),
+    )
+    connects: list[str | None] = []
+    real_connect = plugin_cli._connect
+    monkeypatch.setattr(plugin_cli, "_connect", lambda path: connects.append(path) or real_connect(path))
+    config = tmp_path / "ix-config"
+    config.write_text(f"labels:\n  enabled: {str(labels_enabled).lower()}\n")
+    args = build_parser().parse_args(
+        [
+            *("plugin", "--backend", "fake", "--fake-devices", str(FAKE_DEVICES), "--config", str(config)),
+            *("--device-plugin-dir", str(tmp_path / "missing")),
+        ]
+    )
+    # Everything is loaded before the socket directory is checked, so this stops right after.
+    with pytest.raises(UsageError, match="not a directory"):
+        plugin_cli.run_plugin(args)
+    assert loads == [str(config)]
+    assert connects == ([None] if labels_enabled else [])
