@@ -212,8 +212,9 @@ def freeze_startup_heap() -> int:
     server's are start-up's, which live until exit: measured 52-61 ms a pass with 63 000 objects,
     a pause of the event loop (``/healthz`` and every review waiting) that the adversarial load
     set off a few times a minute. Frozen, a full pass costs only what requests left, about
-    nothing. Start-up objects are never garbage, so nothing is leaked by not walking them; a
-    frozen object's memory stays until exit, as it would have anyway. Called once the server is
+    nothing. Start-up objects live until exit, except the start-up config once a reload replaces
+    it: that is freed by reference counting like any object, and only a reference cycle inside it
+    (none in the compiled config) would stay, once. Called once the server is
     fully loaded (uvicorn's protocol classes imported), just before the first connection.
     """
     gc.collect()  # what start-up left as garbage goes now, not frozen forever
