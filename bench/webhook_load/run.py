@@ -1,23 +1,33 @@
-"""Load benchmark of ``ix-gpu webhook`` with wrk, against the bare-FastAPI floor.
+"""Load benchmark of ``ix-gpu webhook`` side by side with a Go reference and a FastAPI floor.
 
-    python bench/webhook_load/run.py [--duration 15] [--connections 64] [--server-cpu 0] [--client-cpu 1]
+    python bench/webhook_load/run.py [--rounds 3] [--duration 10] [--connections 64]
+        [--server-cpu 0] [--client-cpu 1] [--tree prev=/path/to/an/older/checkout] [--rss]
 
-One uvicorn worker pinned to one core (taskset), wrk pinned to another, HTTPS with keep-alive.
-For each server (ix-gpu with everything on: config-driven core, metrics, one JSON log line per
-admission written to a file, namespace facts; and the bare FastAPI + orjson handler) and each body
-(the ~14 KB 10-container GPU pod, the ~2 KB one): requests/s, p50/p99/p99.9 at 64 connections;
-p50/p99 at about 500 requests/s (wrk's delay hook, 5 connections); RSS sampled every 5 s during
-one continuous run of 100,000+ requests. Prints a table and writes results.json.
+Servers, all started at once and each pinned to the same core (taskset), measured one at a time:
 
-RSS after *all* runs is higher than during steady load: each wrk run opens 64 new TLS connections
-and exits without a TLS close_notify, and the event loop keeps each dead connection's SSL buffers
-until its shutdown/keep-alive timeout (30 s); the heap keeps the high-water mark afterwards.
-Needs ``wrk`` (Debian package) and ``taskset``. Not a test: figures depend on the machine.
+- ``ix-gpu``: ``python -m ix_gpu webhook`` as shipped (built-in config, metrics, one JSON log line
+  per admission to a file, no kubeconfig);
+- ``go``: ``bench/go-webhook``, a Go standard-library webhook doing the same injection (built
+  here into ``~/.cache/ix-gpu/``);
+- ``bare``: ``bare_app.py``, FastAPI + orjson and a hand-written injection of the same profile;
+- any ``--tree NAME=PATH``: ``python -m ix_gpu webhook`` from another checkout (an A/B).
+
+Each round runs wrk (one thread, pinned to the client core, keep-alive HTTPS) against every server
+for every body, in turn, so background load on a shared machine falls on all of them alike.
+Throughput is compared within a round; ratios are printed as the range over rounds. CPU per
+request is the server's utime+stime (``/proc/<pid>/stat``, all threads) over the run divided by
+the requests answered: unlike req/s it hardly moves with what else runs on the machine. Before
+measuring, each server's answer to each body is checked: the same patch as ix-gpu's, but for
+ix-gpu's ``injected-items`` record.
+
+``--rss`` adds one continuous run of 100,000+ requests against ix-gpu with RSS sampled every 5 s.
+Needs ``wrk`` (Debian package), ``taskset`` and ``go``. Not a test: figures depend on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import math
@@ -30,17 +40,34 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+GO_SOURCE = ROOT / "bench" / "go-webhook"
+GO_BINARY = Path.home() / ".cache" / "ix-gpu" / "go-webhook"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from bodies import write_bodies  # noqa: E402
 
+from ix_gpu.devicemodel.labels import INJECTED, INJECTED_ITEMS  # noqa: E402
+from ix_gpu.devicemodel.webhook_config import default_config  # noqa: E402
 from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+RECORD_PATH = "/metadata/annotations/" + INJECTED_ITEMS.replace("~", "~0").replace("/", "~1")
+INJECTED_PATH = "/metadata/annotations/" + INJECTED.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _rss_kib(pid: int) -> int:
@@ -50,40 +77,65 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-def _wait_serving(port: int, ca: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    context = ssl.create_default_context(cafile=str(ca))
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (every thread), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # fields 14 and 15 of proc(5)
+
+
+def _context(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+def _wait_serving(server: Server, ca: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
+        if server.proc.poll() is not None:
+            raise SystemExit(f"{server.name} exited with {server.proc.returncode}")
         try:
-            conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=2)
+            conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=_context(ca), timeout=2)
             conn.request("GET", "/healthz")
             conn.getresponse().read()
             conn.close()
             return
         except OSError:
             time.sleep(0.1)
-    raise SystemExit("server did not start")
+    raise SystemExit(f"{server.name} did not start")
 
 
-def _check_answer(port: int, ca: Path, body: Path, expect_patch: bool) -> None:
-    context = ssl.create_default_context(cafile=str(ca))
-    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+def _patch(server: Server, ca: Path, body: Path) -> list[dict[str, Any]]:
+    """The ops the server answers ``body`` with, without ix-gpu's record."""
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=_context(ca), timeout=5)
     conn.request("POST", "/mutate", body=body.read_bytes(), headers={"Content-Type": "application/json"})
     answer = conn.getresponse()
     data = json.loads(answer.read())
     conn.close()
-    assert answer.status == 200, data
+    assert answer.status == 200, (server.name, data)
     response = data["response"]
-    assert response["allowed"] is True, response
-    assert ("patch" in response) == expect_patch, response
+    assert response["allowed"] is True and "patch" in response, (server.name, response)
+    ops: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
+    for op in ops:  # a created annotation map holds the record too
+        if op["path"] == "/metadata/annotations":
+            op["value"].pop(INJECTED_ITEMS, None)
+        elif op["path"] == INJECTED_PATH:  # another checkout's config may have another digest
+            op["value"] = op["value"].partition("@")[0]
+    return [op for op in ops if op["path"] != RECORD_PATH]
 
 
 def _wrk(
-    url: str, body: Path, seconds: int, connections: int, cpu: int, delay_ms: int | None = None
+    url: str, body: Path, seconds: float, connections: int, cpu: int, delay_ms: int | None = None
 ) -> dict[str, Any]:
-    args = ["taskset", "-c", str(cpu), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s"]
+    args = [
+        "taskset",
+        "-c",
+        str(cpu),
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{round(seconds)}s",
+        "--timeout",
+        "10s",
+    ]
     args += ["-s", str(HERE / "post.lua"), url, "--", str(body)]
     if delay_ms is not None:
         args.append(str(delay_ms))
@@ -94,123 +146,159 @@ def _wrk(
     return result
 
 
-def _start(target: str, workdir: Path, certs: Path, port: int, cpu: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if target == "ix-gpu":
-        command = [sys.executable, "-m", "ix_gpu", "webhook", "--port", str(port), "--cert-dir", str(certs)]
-    else:
+def _measured(server: Server, args: argparse.Namespace, body: Path, seconds: float) -> dict[str, Any]:
+    url = f"https://127.0.0.1:{server.port}/mutate"
+    cpu_before = _cpu_seconds(server.proc.pid)
+    result = _wrk(url, body, seconds, args.connections, args.client_cpu)
+    cpu = _cpu_seconds(server.proc.pid) - cpu_before
+    result["cpu_us_per_request"] = cpu * 1e6 / max(result["requests"], 1)
+    return result
+
+
+def build_go() -> Path:
+    """``bench/go-webhook`` built into the cache (go's own build cache makes a rebuild cheap)."""
+    GO_BINARY.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["go", "build", "-o", str(GO_BINARY), "."], cwd=GO_SOURCE, check=True)
+    return GO_BINARY
+
+
+def start(name: str, tree: Path | None, workdir: Path, certs: Path, port: int, cpu: int) -> Server:
+    digest = default_config().digest()
+    env = {**os.environ, "PYTHONPATH": str(tree or ROOT)}
+    if name == "go":
+        command = [str(GO_BINARY), "-cert", str(certs / "tls.crt"), "-key", str(certs / "tls.key")]
+        command += ["-addr", f"127.0.0.1:{port}", "-digest", digest]
+    elif name == "bare":
         command = [sys.executable, str(HERE / "bare_app.py"), "--port", str(port), "--cert-dir", str(certs)]
-    log = open(workdir / f"{target}.log", "wb")  # noqa: SIM115 - lives as long as the server
-    return subprocess.Popen(
+        command += ["--digest", digest]
+    else:
+        command = [sys.executable, "-m", "ix_gpu", "webhook", "--port", str(port), "--cert-dir", str(certs)]
+    log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(
         ["taskset", "-c", str(cpu), *command], stdout=log, stderr=log, env=env, cwd=workdir
     )
+    return Server(name, port, proc)
 
 
-def bench_target(
-    target: str, args: argparse.Namespace, workdir: Path, certs: Path, bodies: dict[str, Path]
-) -> dict[str, Any]:
-    port = args.port
-    proc = _start(target, workdir, certs, port, args.server_cpu)
-    url = f"https://127.0.0.1:{port}/mutate"
-    results: dict[str, Any] = {"target": target, "runs": {}}
-    try:
-        _wait_serving(port, certs / "ca.crt", proc) if target == "ix-gpu" else time.sleep(3)
-        for body in bodies.values():
-            _check_answer(port, certs / "ca.crt", body, expect_patch=target == "ix-gpu")
-        warm = _wrk(url, bodies["pod-14k"], 3, args.connections, args.client_cpu)
-        # Memory: one continuous run of >= rss_requests on the same 64 connections, RSS sampled
-        # every few seconds, so the series shows the steady-state trend (see _rss_note).
-        seconds = max(10, math.ceil(args.rss_requests * 1.15 / max(warm["rps"], 1.0)))
-        samples: list[tuple[float, int]] = [(0.0, _rss_kib(proc.pid))]
-        stop = threading.Event()
-
-        def sample() -> None:
-            started = time.monotonic()
-            while not stop.wait(5):
-                samples.append((time.monotonic() - started, _rss_kib(proc.pid)))
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        long_run = _wrk(url, bodies["pod-14k"], seconds, args.connections, args.client_cpu)
-        stop.set()
-        sampler.join()
-        samples.append((long_run["duration_us"] / 1e6, _rss_kib(proc.pid)))
-        results["rss"] = {"requests": long_run["requests"], "rps": long_run["rps"], "samples_kib": samples}
-        for name, body in bodies.items():
-            run = _wrk(url, body, args.duration, args.connections, args.client_cpu)
-            paced = _wrk(url, body, max(5, args.duration // 2), 5, args.client_cpu, delay_ms=8)
-            results["runs"][name] = {"saturated": run, "paced": paced}
-        results["rss_after_all_kib"] = _rss_kib(proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return results
+def _span(values: list[float], fmt: str) -> str:
+    low, high = min(values), max(values)
+    return format(low, fmt) if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}-{high:{fmt}}"
 
 
-def _ms(us: float) -> str:
-    return f"{us / 1000:.1f}"
-
-
-def report(all_results: list[dict[str, Any]], connections: int) -> str:
+def report(servers: list[Server], bodies: dict[str, Path], rounds: int) -> str:
     lines = [
-        f"{'server':8} {'body':8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99.9 ms':>8} {'errors':>6}"
-        f"  | {'paced req/s':>11} {'p50 ms':>6} {'p99 ms':>6}",
+        f"{'body':8} {'server':8} {'req/s':>13} {'CPU µs/req':>11} {'p99 ms':>11} {'errors':>6}",
     ]
-    for res in all_results:
-        for name, run in res["runs"].items():
-            sat, paced = run["saturated"], run["paced"]
-            errors = sum(sat["errors"].values()) + sum(paced["errors"].values())
-            saturated = (
-                f"{sat['rps']:7.0f} {_ms(sat['p50_us']):>7} {_ms(sat['p99_us']):>7} {_ms(sat['p999_us']):>8}"
-            )
+    for body in bodies:
+        for server in servers:
+            runs = server.runs[body]
+            errors = sum(sum(run["errors"].values()) for run in runs)
             lines.append(
-                f"{res['target']:8} {name:8} {saturated} {errors:6d}  | {paced['rps']:11.0f} "
-                f"{_ms(paced['p50_us']):>6} {_ms(paced['p99_us']):>6}"
+                f"{body:8} {server.name:8} {_span([r['rps'] for r in runs], ',.0f'):>13} "
+                f"{_span([r['cpu_us_per_request'] for r in runs], '.0f'):>11} "
+                f"{_span([r['p99_us'] / 1000 for r in runs], '.1f'):>11} {errors:6d}"
             )
-    lines.append(
-        f"(saturated: {connections} connections; paced: 5 connections, 8 ms delay each: about 500 req/s)"
-    )
-    for res in all_results:
-        rss = res["rss"]
-        series = " ".join(f"{kib / 1024:.0f}" for _, kib in rss["samples_kib"])
-        lines.append(
-            f"RSS MiB of {res['target']}, every 5 s of one {rss['requests']}-request run: {series}; "
-            f"after all runs: {res['rss_after_all_kib'] / 1024:.0f}"
-        )
+    lines.append("")
+    main, others = servers[0], servers[1:]
+    for body in bodies:
+        for other in others:
+            rps = [m["rps"] / o["rps"] for m, o in zip(main.runs[body], other.runs[body], strict=True)]
+            cpu = [
+                m["cpu_us_per_request"] / o["cpu_us_per_request"]
+                for m, o in zip(main.runs[body], other.runs[body], strict=True)
+            ]
+            lines.append(
+                f"{body}: {main.name} / {other.name}: throughput {_span(rps, '.2f')}x, "
+                f"CPU per request {_span(cpu, '.2f')}x ({rounds} rounds)"
+            )
     return "\n".join(lines)
+
+
+def rss_run(server: Server, args: argparse.Namespace, body: Path) -> str:
+    """One continuous run of at least ``--rss-requests``, RSS sampled every 5 s."""
+    url = f"https://127.0.0.1:{server.port}/mutate"
+    warm = _wrk(url, body, 3, args.connections, args.client_cpu)
+    seconds = max(10, math.ceil(args.rss_requests * 1.15 / max(warm["rps"], 1.0)))
+    samples = [_rss_kib(server.proc.pid)]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(5):
+            samples.append(_rss_kib(server.proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    run = _wrk(url, body, seconds, args.connections, args.client_cpu)
+    stop.set()
+    sampler.join()
+    samples.append(_rss_kib(server.proc.pid))
+    series = " ".join(f"{kib / 1024:.0f}" for kib in samples)
+    return f"RSS MiB of {server.name}, every 5 s of one {run['requests']}-request run: {series}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=int, default=15, help="seconds per saturated run (default 15)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1)
-    parser.add_argument("--port", type=int, default=18943)
+    parser.add_argument("--port", type=int, default=18943, help="the first of consecutive ports")
+    parser.add_argument("--targets", default="ix-gpu,go,bare", help="comma-separated: ix-gpu, go, bare")
+    parser.add_argument(
+        "--tree", action="append", default=[], metavar="NAME=PATH", help="also ix-gpu from another checkout"
+    )
+    parser.add_argument("--rss", action="store_true", help="also the 100k-request RSS run of ix-gpu")
     parser.add_argument("--rss-requests", type=int, default=100_000)
-    parser.add_argument("--targets", default="ix-gpu,bare", help="comma-separated: ix-gpu, bare")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, bodies)")
     args = parser.parse_args()
-    for tool in ("wrk", "taskset"):
+    for tool in ("wrk", "taskset", "go"):
         if shutil.which(tool) is None:
-            raise SystemExit(
-                f"{tool} is not installed (apt-get install -y {'wrk' if tool == 'wrk' else 'util-linux'})"
-            )
+            raise SystemExit(f"{tool} is not installed (wrk: apt-get install -y wrk; taskset: util-linux)")
+    targets: list[tuple[str, Path | None]] = [(name, None) for name in args.targets.split(",")]
+    targets += [(spec.partition("=")[0], Path(spec.partition("=")[2]).resolve()) for spec in args.tree]
+    if any(name == "go" for name, _ in targets):
+        build_go()
     workdir = Path(tempfile.mkdtemp(prefix="ix-gpu-bench-"))
     certs = workdir / "certs"
     write_bundle(generate_bundle(["localhost"], ["127.0.0.1"]), certs)
     bodies = write_bodies(workdir / "bodies")
     print(", ".join(f"{name}: {path.stat().st_size} bytes" for name, path in bodies.items()))
-    all_results = [bench_target(t, args, workdir, certs, bodies) for t in args.targets.split(",")]
-    (workdir / "results.json").write_text(json.dumps(all_results, indent=2))
-    print(report(all_results, args.connections))
-    print(f"details: {workdir / 'results.json'}")
-    if not args.keep:
-        for target in args.targets.split(","):
-            (workdir / f"{target}.log").unlink(missing_ok=True)
+    servers = [
+        start(name, tree, workdir, certs, args.port + i, args.server_cpu)
+        for i, (name, tree) in enumerate(targets)
+    ]
+    try:
+        for server in servers:
+            _wait_serving(server, certs / "ca.crt")
+        for body in bodies.values():
+            expected = _patch(servers[0], certs / "ca.crt", body)
+            for server in servers[1:]:
+                assert _patch(server, certs / "ca.crt", body) == expected, (
+                    f"{server.name} injects differently"
+                )
+        for server in servers:  # warm-up: connections, caches, the JIT-less interpreter's dicts
+            _measured(server, args, bodies["pod-14k"], 2)
+        for round_ in range(args.rounds):
+            for name, body in bodies.items():
+                for server in servers if round_ % 2 == 0 else reversed(servers):
+                    server.runs.setdefault(name, []).append(_measured(server, args, body, args.duration))
+        print(report(servers, bodies, args.rounds))
+        if args.rss:
+            print(rss_run(servers[0], args, bodies["pod-14k"]))
+        results = [{"server": s.name, "runs": s.runs} for s in servers]
+        (workdir / "results.json").write_text(json.dumps(results, indent=2))
+        print(f"details: {workdir / 'results.json'}")
+    finally:
+        for server in servers:
+            server.proc.send_signal(signal.SIGTERM)
+        for server in servers:
+            try:
+                server.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

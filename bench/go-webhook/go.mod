@@ -1,0 +1,3 @@
+module ix-gpu.io/bench/go-webhook
+
+go 1.26
