@@ -138,7 +138,7 @@ class NoAnswer(ConnectionError):
     """The connection ended (or timed out) before a complete status line and headers arrived."""
 
 
-def read_response(sock: ssl.SSLSocket, started: float | None = None, received: bytes = b"") -> Answer:
+def read_response(sock: socket.socket, started: float | None = None, received: bytes = b"") -> Answer:
     """Read one answer from ``sock`` (after the ``received`` bytes already read from it): status,
     headers and a Content-Length body.
 
@@ -180,7 +180,7 @@ def read_response(sock: ssl.SSLSocket, started: float | None = None, received: b
     )
 
 
-def closed_by_peer(sock: ssl.SSLSocket, timeout: float) -> bool:
+def closed_by_peer(sock: socket.socket, timeout: float) -> bool:
     """Whether the server has closed ``sock`` (EOF or reset) within ``timeout`` seconds, reading and
     discarding anything it still sends."""
     deadline = time.monotonic() + timeout
@@ -199,7 +199,7 @@ def closed_by_peer(sock: ssl.SSLSocket, timeout: float) -> bool:
 
 
 def drip(
-    sock: ssl.SSLSocket, head: bytes, trickle: bytes, every: float, limit: float
+    sock: socket.socket, head: bytes, trickle: bytes, every: float, limit: float
 ) -> tuple[Answer | None, float]:
     """Send ``head``, then ``trickle`` one byte every ``every`` seconds, until the server answers or
     closes, ``trickle`` runs out, or ``limit`` seconds pass; then read the answer.
