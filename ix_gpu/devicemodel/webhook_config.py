@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
+from ix_gpu.devicemodel import k8s_names
 from ix_gpu.devicemodel.schema_base import ConfigError, StrictModel, load_yaml_file, parse_document
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
 
@@ -27,11 +29,58 @@ API_VERSION: Literal["ix-gpu.io/v1alpha1"] = "ix-gpu.io/v1alpha1"
 KIND: Literal["WebhookConfig"] = "WebhookConfig"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_RESOURCE_PATTERN = re.compile(r"^[A-Za-z0-9*?][-A-Za-z0-9_.*?/]*$")
 _PATH_SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[\*\])?$|^\*$")
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 _GLOB_CHARS = frozenset("*?[")
+
+
+def _rule(check: Callable[[str], list[str]]) -> AfterValidator:
+    """One of :mod:`k8s_names`' rules as a validator, so the error is located at the field."""
+
+    def validate(value: str) -> str:
+        if problems := check(value):
+            raise ValueError("; ".join(problems))
+        return value
+
+    return AfterValidator(validate)
+
+
+def _schema(**schema: Any) -> Any:
+    """What JSON Schema can say of the same rule (a pattern, a length), for editors and for the
+    chart's values schema, which then refuses those values before anything is installed."""
+    return Field(json_schema_extra=schema)
+
+
+DnsLabel = Annotated[
+    str,
+    _rule(k8s_names.dns1123_label),
+    _schema(pattern=k8s_names.DNS1123_LABEL_RE, maxLength=k8s_names.DNS1123_LABEL_MAX),
+]
+DnsSubdomain = Annotated[
+    str,
+    _rule(k8s_names.dns1123_subdomain),
+    _schema(pattern=k8s_names.DNS1123_SUBDOMAIN_RE, maxLength=k8s_names.DNS1123_SUBDOMAIN_MAX),
+]
+QualifiedName = Annotated[str, _rule(k8s_names.qualified_name), _schema(pattern=k8s_names.QUALIFIED_NAME_RE)]
+LabelValue = Annotated[
+    str,
+    _rule(k8s_names.label_value),
+    _schema(pattern=k8s_names.LABEL_VALUE_RE, maxLength=k8s_names.LABEL_VALUE_MAX),
+]
+EnvName = Annotated[str, _rule(k8s_names.env_var_name), _schema(pattern=k8s_names.ENV_VAR_NAME_RE)]
+AbsolutePath = Annotated[str, _rule(k8s_names.absolute_path), _schema(pattern=k8s_names.ABSOLUTE_PATH_RE)]
+ResourcePattern = Annotated[
+    str, _rule(k8s_names.extended_resource_pattern), _schema(pattern=k8s_names.RESOURCE_PATTERN_RE)
+]
+TolerationKey = Annotated[
+    str,
+    _rule(lambda key: k8s_names.qualified_name(key) if key else []),
+    _schema(pattern="^$|" + k8s_names.QUALIFIED_NAME_RE),
+]
+NamespacePattern = Annotated[
+    str, _rule(k8s_names.namespace_name_or_pattern), _schema(pattern=k8s_names.NAMESPACE_PATTERN_RE)
+]
 
 
 class _Model(StrictModel):
@@ -56,25 +105,11 @@ class HostPathType(StrEnum):
 class HostPathVolume(_Model):
     """A hostPath volume plus where it is mounted in each GPU container."""
 
-    name: NonEmpty
-    host_path: NonEmpty
+    name: DnsLabel
+    host_path: AbsolutePath
     type: HostPathType | None = None
-    mount_path: NonEmpty
+    mount_path: AbsolutePath
     read_only: bool = False
-
-    @field_validator("name")
-    @classmethod
-    def _name_is_dns_label(cls, value: str) -> str:
-        if len(value) > 63 or not _DNS_LABEL.match(value):
-            raise ValueError("must be a DNS label (lowercase letters, digits and '-', at most 63)")
-        return value
-
-    @field_validator("host_path", "mount_path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return value
 
 
 class EnvMode(StrEnum):
@@ -89,7 +124,7 @@ class EnvMode(StrEnum):
 
 
 class EnvVar(_Model):
-    name: NonEmpty
+    name: EnvName
     value: str
     mode: EnvMode = EnvMode.SET_IF_ABSENT
 
@@ -114,18 +149,15 @@ class Privileged(StrEnum):
 
 
 class NodeSelectorRequirement(_Model):
-    key: NonEmpty
+    key: QualifiedName
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
-    values: tuple[str, ...] = ()
+    values: tuple[LabelValue, ...] = ()
+    """A label value each; for ``Gt`` and ``Lt`` one integer."""
 
     @model_validator(mode="after")
     def _values_match_operator(self) -> NodeSelectorRequirement:
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs at least one value")
-        if self.operator in ("Gt", "Lt") and len(self.values) != 1:
-            raise ValueError(f"operator {self.operator} needs exactly one value")
+        if problems := k8s_names.node_selector_requirement(self.key, self.operator, self.values):
+            raise ValueError("; ".join(problems))
         return self
 
     def to_k8s(self) -> dict[str, Any]:
@@ -141,20 +173,20 @@ class Affinity(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = None
+    key: TolerationKey | None = None
+    """Empty or absent: every taint (then operator Exists)."""
     operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("operator Exists takes no value")
-        if self.key is None and self.operator != "Exists":
-            raise ValueError("an empty key needs operator Exists")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds needs effect NoExecute")
+        problems = k8s_names.toleration(
+            self.key, self.operator, self.value, self.effect, self.toleration_seconds
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def to_k8s(self) -> dict[str, Any]:
@@ -165,30 +197,23 @@ class Profile(_Model):
     """What a container asking for a matching GPU resource gets."""
 
     name: NonEmpty
-    resources: tuple[NonEmpty, ...] = Field(min_length=1)
-    """Resource names, exact or glob (``nvidia.com/mig-*``)."""
+    resources: tuple[ResourcePattern, ...] = Field(min_length=1)
+    """Extended resource names (``domain/name``), exact or with a glob in the name part
+    (``nvidia.com/mig-*``); never one that could match ``cpu``, ``memory`` or a ``kubernetes.io`` name."""
     volumes: tuple[HostPathVolume, ...] = ()
     device_nodes: DeviceNodes = DeviceNodes()
     env: tuple[EnvVar, ...] = ()
     privileged: Privileged = Privileged.NEVER
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict)
     affinity: Affinity = Affinity()
     tolerations: tuple[Toleration, ...] = ()
-    runtime_class_name: str | None = None
+    runtime_class_name: DnsSubdomain | None = None
 
     @field_validator("name")
     @classmethod
     def _profile_name(cls, value: str) -> str:
         if not _DNS_LABEL.match(value):
             raise ValueError("must be lowercase letters, digits and '-'")
-        return value
-
-    @field_validator("resources")
-    @classmethod
-    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for pattern in value:
-            if not _RESOURCE_PATTERN.match(pattern):
-                raise ValueError(f"{pattern!r} is not a resource name or glob")
         return value
 
     @model_validator(mode="after")
@@ -248,7 +273,44 @@ class Workload(_Model):
                 continue
             if not all(_PATH_SEGMENT.match(seg) for seg in path.split(".")):
                 raise ValueError(f"{path!r}: segments are names, '*' or name[*], joined by '.'")
+        # Two paths that can reach the same template inject into it twice: duplicate volume names
+        # in one patch, which the apiserver refuses for every object of the kind.
+        for later, path in enumerate(value):
+            for earlier in range(later):
+                if _paths_overlap(value[earlier], path):
+                    raise ValueError(
+                        f"templatePaths[{earlier}] {value[earlier]!r} and templatePaths[{later}] {path!r} "
+                        "can reach the same pod template, which would be injected twice; keep one"
+                    )
         return value
+
+
+def _path_steps(path: str) -> list[str | None]:
+    """A template path as the walk takes it: a map key, ``None`` for every key (``*``), ``"[*]"``
+    for every list item (``name[*]`` is the key ``name``, then every item)."""
+    steps: list[str | None] = []
+    for segment in [] if path == "." else path.split("."):
+        if segment == "*":
+            steps.append(None)
+        elif segment.endswith("[*]"):
+            steps += [segment[:-3], "[*]"]
+        else:
+            steps.append(segment)
+    return steps
+
+
+def _paths_overlap(first: str, second: str) -> bool:
+    """Whether one node of some object is at both paths: as long, and at each step the same key,
+    or ``*`` and any key (a list item is never a map key)."""
+    a, b = _path_steps(first), _path_steps(second)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            continue
+        if "[*]" in (x, y) or (x is not None and y is not None):
+            return False
+    return True
 
 
 class NamespaceLookupFailure(StrEnum):
@@ -263,9 +325,12 @@ class ConflictPolicy(StrEnum):
 
 
 class Policy(_Model):
-    excluded_namespaces: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
-    privileged_namespaces: tuple[str, ...] = ()
-    """Namespaces where a profile with ``privileged: allowed|required`` may set privileged."""
+    excluded_namespaces: tuple[NamespacePattern, ...] = ("kube-system", "kube-public", "kube-node-lease")
+    """Namespace names or globs (``team-*``; ``*`` and ``?``) the webhook leaves alone. The chart
+    puts names into the webhook's namespaceSelector and globs into its matchConditions."""
+    privileged_namespaces: tuple[NamespacePattern, ...] = ()
+    """Namespaces (names or globs) where a profile with ``privileged: allowed|required`` may set
+    privileged."""
     conflict_policy: ConflictPolicy = ConflictPolicy.KEEP_USER
     namespace_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.ALLOW_UNMODIFIED
     """What the service does when it cannot learn a namespace's annotations and labels."""
@@ -376,8 +441,9 @@ def json_schema() -> dict[str, Any]:
 
     Generated from the models, so nothing is written twice: keys are camelCase, unknown keys are
     rejected (``additionalProperties: false``), enums and required fields as the models say.
-    Checks that are code (DNS labels, absolute paths, unique names, glob syntax) are not in it:
-    ``ix-gpu config validate`` and the webhook's loader apply them.
+    Kubernetes' rules for names (:mod:`k8s_names`) are in it as far as a pattern can say them;
+    the rest (lengths of name parts, operator rules, unique names, overlapping paths) is code, which
+    ``ix-gpu config validate`` and the webhook's loader apply.
     """
     schema = WebhookConfig.model_json_schema(by_alias=True, ref_template="#/definitions/{model}")
     definitions = schema.pop("$defs", {})
@@ -385,6 +451,14 @@ def json_schema() -> dict[str, Any]:
         for field in model.get("properties", {}).values():
             # pydantic's field titles ("Hostpath") only repeat the key, badly capitalised.
             field.pop("title", None)
+        # A dict with checked keys comes out as patternProperties, which lets any other key pass:
+        # say it as draft-07 does, every key must match.
+        for field in model.get("properties", {}).values():
+            patterns = field.pop("patternProperties", None)
+            if patterns:
+                ((key_pattern, value_schema),) = patterns.items()
+                field["propertyNames"] = {"pattern": key_pattern}
+                field["additionalProperties"] = value_schema
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "$id": JSON_SCHEMA_ID,

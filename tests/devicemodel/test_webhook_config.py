@@ -208,6 +208,14 @@ def test_json_schema_accepts_the_default_and_the_examples(path: str) -> None:
         ({"policy": {"conflictPolicy": "overwrite"}}, "overwrite"),
         ({"apiVersion": "ix-gpu.io/v2"}, "apiVersion"),
         ({"profiles": [profile(workload_resource="x")]}, "workload_resource"),
+        # Kubernetes' name rules, as far as a pattern says them: helm refuses these before installing.
+        ({"profiles": [{"name": "p", "resources": ["*"]}]}, "profiles.0.resources.0"),
+        ({"profiles": [{"name": "p", "resources": ["cpu"]}]}, "profiles.0.resources.0"),
+        ({"profiles": [profile(nodeSelector={"bad key": "x"})]}, "profiles.0.nodeSelector"),
+        ({"profiles": [profile(nodeSelector={"k": "a b"})]}, "profiles.0.nodeSelector.k"),
+        ({"profiles": [profile(env=[{"name": "A=B", "value": ""}])]}, "profiles.0.env.0.name"),
+        ({"profiles": [profile(runtimeClassName="RT")]}, "profiles.0.runtimeClassName"),
+        ({"policy": {"excludedNamespaces": ["Team_A"]}}, "policy.excludedNamespaces.0"),
     ],
 )
 def test_json_schema_rejects_what_the_models_reject(data: dict[str, Any], where: str) -> None:

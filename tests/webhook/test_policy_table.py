@@ -366,15 +366,11 @@ def test_gpu_type_annotation_becomes_required_node_affinity(default_compiled: Co
 
 
 def test_keys_with_slash_and_tilde_are_escaped() -> None:
-    config = CompiledConfig(
-        parse_config(
-            {
-                "profiles": [
-                    {"name": "ix", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"ix-gpu.io/a~b": "1"}}
-                ]
-            }
-        )
-    )
+    # "~" is no label-key character, so a config with it is refused; the escaping is checked with
+    # the validation bypassed (model_copy does not validate).
+    valid = parse_config({"profiles": [{"name": "ix", "resources": ["iluvatar.com/gpu"]}]})
+    profile = valid.profiles[0].model_copy(update={"node_selector": {"ix-gpu.io/a~b": "1"}})
+    config = CompiledConfig(valid.model_copy(update={"profiles": (profile,)}))
     obj = pod(limits=GPU)
     obj["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux"}
     result = mutate(obj, "CREATE", NamespaceFacts("team"), config)
