@@ -389,6 +389,47 @@ def test_namespace_selector_excludes_system_release_and_opted_out_namespaces() -
     assert list(_webhook_config(values).policy.excluded_namespaces) == [*SYSTEM, NAMESPACE, "batch"]
 
 
+@pytest.mark.parametrize(
+    ("namespace", "sent"),
+    [
+        ("team-a", False),
+        ("team-", False),
+        ("ml-1", False),
+        ("ml-10", True),
+        ("batch", False),
+        ("teams", True),
+    ],
+)
+def test_namespace_globs_become_cel_never_a_selector_value(namespace: str, sent: bool) -> None:
+    # A label value cannot hold "*": the apiserver refuses a namespaceSelector value "team-*", so
+    # globs go to a matchCondition on request.namespace, exact names stay in the selector.
+    values = {"config": {"policy": {"excludedNamespaces": ["batch", "team-*", "ml-?"]}}}
+    gpu_pod = pod("p", [container("c", limits={"iluvatar.com/gpu": "1"})])
+    for hook in _webhooks(values).values():
+        (names,) = [
+            e for e in hook["namespaceSelector"]["matchExpressions"] if e["key"].startswith("kubernetes.io")
+        ]
+        assert names["values"] == [*SYSTEM, NAMESPACE, "batch"]
+        if hook["name"] == POD_HOOK:
+            assert _selects(hook["namespaceSelector"], {"kubernetes.io/metadata.name": namespace}) is (
+                namespace != "batch"
+            )
+            assert (
+                _selects(hook["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
+                and _matches(hook, gpu_pod, namespace)
+            ) is sent
+    # The webhook itself still honours the globs (also where matchConditions are off).
+    assert list(_webhook_config(values).policy.excluded_namespaces) == [
+        *SYSTEM,
+        NAMESPACE,
+        "batch",
+        "team-*",
+        "ml-?",
+    ]
+    for hook in _webhooks(merge(values, {"webhook": {"matchConditions": False}})).values():
+        assert "*" not in json.dumps(hook["namespaceSelector"])
+
+
 def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     """A label selector as the apiserver evaluates it (matchLabels and the four operators)."""
     for key, value in selector.get("matchLabels", {}).items():
@@ -481,10 +522,11 @@ def test_self_mode_renders_no_secret_and_no_ca() -> None:
 # --------------------------------------------------------------------------- CEL matchConditions
 
 
-def _matches(hook: dict[str, Any], obj: dict[str, Any]) -> bool:
+def _matches(hook: dict[str, Any], obj: dict[str, Any], namespace: str = "default") -> bool:
     # The apiserver sends the object when every condition is true; an evaluation error would apply
     # failurePolicy, so evaluation must not raise for any shape below.
-    return all(bool(cel.evaluate(c["expression"], {"object": obj})) for c in hook["matchConditions"])
+    context = {"object": obj, "request": {"namespace": namespace}}
+    return all(bool(cel.evaluate(c["expression"], context)) for c in hook["matchConditions"])
 
 
 POD_CASES = [

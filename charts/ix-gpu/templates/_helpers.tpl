@@ -103,6 +103,39 @@ The same list goes into the namespaceSelector and into the config the webhook lo
 {{- end -}}
 
 {{/*
+The exact names of the excluded namespaces, for the namespaceSelector (kubernetes.io/metadata.name
+NotIn). A glob ("team-*") is no label value, and the apiserver refuses a selector holding one: globs
+go to CEL (ix-gpu.cel.namespaceNotExcluded) instead.
+*/}}
+{{- define "ix-gpu.excludedNamespaceNames" -}}
+{{- $names := list -}}
+{{- range (include "ix-gpu.excludedNamespaces" . | fromJsonArray) -}}
+{{- if not (regexMatch "[*?\\[]" .) -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/*
+CEL for matchConditions: the request's namespace matches none of the excluded namespace globs; empty
+when there is none. The config allows only "*" and "?" and namespace characters ([-a-z0-9]) in a glob,
+so the regular expression needs no escapes. Without matchConditions (webhook.matchConditions false)
+objects in those namespaces are still sent, and the webhook itself leaves them alone.
+*/}}
+{{- define "ix-gpu.cel.namespaceNotExcluded" -}}
+{{- $res := list -}}
+{{- range (include "ix-gpu.excludedNamespaces" . | fromJsonArray) -}}
+{{- if regexMatch "[*?]" . -}}
+{{- $res = append $res (. | replace "*" ".*" | replace "?" ".") -}}
+{{- end -}}
+{{- end -}}
+{{- if $res -}}
+{{- printf "!request.namespace.matches('^(%s)$')" (join "|" $res) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 The webhook's config as it loads it: `config` as given, with the excluded namespaces above. A copy,
 so that rendering never changes .Values.
 */}}
