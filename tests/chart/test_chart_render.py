@@ -799,6 +799,16 @@ def test_webhook_host_network_option() -> None:
     (container,) = pod["containers"]
     assert "--host=0.0.0.0" in container["args"]
     assert container["ports"][0]["containerPort"] == 8443
+    # A surge pod needs the host port on a node of its own; with replicas >= eligible nodes it stays
+    # Pending forever and the rollout never ends. So a host-network rollout replaces pods in place.
+    assert find(render(values), "Deployment", WEBHOOK)["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert find(render(), "Deployment", WEBHOOK)["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": 1,
+        "maxUnavailable": 0,
+    }
 
 
 def test_external_name_service_for_local_tests() -> None:
@@ -1161,6 +1171,10 @@ def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
     role = find(objects, "ClusterRole", PLUGIN)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
     assert find(objects, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is True
+    # The pod's own setting wins over the ServiceAccount's: without a token the plugin cannot read
+    # its node's config label, and every node silently gets the default config.
+    pod_spec = find(objects, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]
+    assert pod_spec["automountServiceAccountToken"] is True
     # Without named configs: the one file, and no right to read nodes.
     plain = render()
     assert (
@@ -1168,6 +1182,12 @@ def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
         in find(plain, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["containers"][0]["args"]
     )
     assert find(plain, "ClusterRole", PLUGIN)["rules"][0]["verbs"] == ["patch"]
+    # Neither labels nor per-node configs: no token anywhere.
+    bare = render({"plugin": {"nodeLabels": False}})
+    assert (
+        find(bare, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    )
+    assert find(bare, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is False
     with pytest.raises(HelmError):
         render({"plugin": {"nodeConfigs": {"ix-config": shared}}})
 

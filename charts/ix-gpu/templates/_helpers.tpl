@@ -74,6 +74,15 @@ app.kubernetes.io/component: webhook
 app.kubernetes.io/component: device-plugin
 {{- end -}}
 
+{{/*
+Whether the plugin talks to the API server ("true"/"false"): to publish node labels, or to read its
+node's config label (per-node configs). The ServiceAccount and the pod (whose setting wins) say the
+same, so RBAC that is granted is also usable.
+*/}}
+{{- define "ix-gpu.plugin.apiAccess" -}}
+{{- or .Values.plugin.nodeLabels (not (empty .Values.plugin.nodeConfigs)) -}}
+{{- end -}}
+
 {{- define "ix-gpu.image" -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
