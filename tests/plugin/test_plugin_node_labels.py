@@ -110,6 +110,47 @@ def test_labels_published_once_per_change(
     }
 
 
+def test_a_node_whose_devices_all_disappear_loses_its_labels(
+    short_tmp: Path, fake_devices: Path, api_server: tuple[ApiServer, list[Any]]
+) -> None:
+    # Stale labels would keep gpu-type affinity sending pods to a node without GPUs.
+    api, patches = api_server
+    config = write_config(short_tmp, FAST_HEALTH + "labels:\n  enabled: true\n")
+    (short_tmp / "dp").mkdir()
+    app = PluginApp(
+        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
+        load_plugin_config(config).runtime(),
+        FakeBackend(fake_devices),
+    )
+
+    async def scenario() -> None:
+        await app.check_once()
+        fake_devices.write_text("vendor: iluvatar\nboards: []\n")
+        await app.check_once()
+        await app.check_once()
+
+    asyncio.run(scenario())
+    assert [body["metadata"]["labels"][labels.GPU_PRODUCT] for _, _, _, body in patches] == ["BI-V150", None]
+    assert patches[1][3] == {"metadata": {"labels": dict.fromkeys(labels.PUBLISHED)}}
+
+
+def test_a_plugin_starting_without_devices_removes_labels_left_from_before(
+    short_tmp: Path, api_server: tuple[ApiServer, list[Any]]
+) -> None:
+    api, patches = api_server
+    config = write_config(short_tmp, FAST_HEALTH + "labels:\n  enabled: true\n")
+    empty = short_tmp / "devices.yaml"
+    empty.write_text("vendor: iluvatar\nboards: []\n")
+    (short_tmp / "dp").mkdir()
+    app = PluginApp(
+        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
+        load_plugin_config(config).runtime(),
+        FakeBackend(empty),
+    )
+    asyncio.run(app.check_once())
+    assert [body for _, _, _, body in patches] == [{"metadata": {"labels": dict.fromkeys(labels.PUBLISHED)}}]
+
+
 def test_labels_not_published_when_disabled(
     short_tmp: Path, fake_devices: Path, api_server: tuple[ApiServer, list[Any]]
 ) -> None:

@@ -61,12 +61,20 @@ def patch_node_labels(
 
 
 class NodeLabeler:
-    """Publishes labels when they change; remembers failures so they are retried, logged once each."""
+    """Publishes labels when they change; remembers failures so they are retried, logged once each.
+
+    Every publish names every key of :data:`labels.PUBLISHED`, those without a value as ``null``
+    (removed): a merge-patch only merges, so a node whose devices all disappeared would otherwise
+    keep its old product label, and gpu-type affinity would keep sending pods there. Nothing is
+    known to be published at start, so the first set is always sent, an empty one included: the
+    labels may be a previous run's.
+    """
 
     def __init__(self, api: ApiServer | None, node: str | None) -> None:
         self.api = api
         self.node = node
-        self.published: dict[str, str] = {}
+        self.published: dict[str, str] | None = None
+        """What the node carries since the last successful publish; None before the first."""
         self._last_error = ""
 
     @property
@@ -74,12 +82,12 @@ class NodeLabeler:
         return self.api is not None and bool(self.node)
 
     def pending(self, values: dict[str, str]) -> bool:
-        return self.usable and bool(values) and values != self.published
+        return self.usable and values != self.published
 
     def publish(self, values: dict[str, str]) -> bool:
         assert self.api is not None and self.node
         try:
-            patch_node_labels(self.api, self.node, values)
+            patch_node_labels(self.api, self.node, {key: values.get(key) for key in labels.PUBLISHED})
         except OSError as exc:  # urllib's URLError and HTTPError are OSErrors
             message = str(exc)
             if message != self._last_error:
