@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,9 +71,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # here, so that a closed pipe shows up below and not at interpreter exit
+        return code
     except UsageError as exc:
         print(f"ix-gpu {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
     except KeyboardInterrupt:
         return 130
+
+
+SIGPIPE_EXIT = 141
+"""128 + SIGPIPE: how a shell reports ``cat`` ended by a reader that stopped (``| head -1``)."""
+
+
+def _reader_gone() -> int:
+    """End quietly when whoever read stdout stopped reading. Python ignores SIGPIPE, so the write
+    raises instead; stdout then points at /dev/null, else the interpreter's own last flush of what
+    is still buffered fails again and prints a traceback on the way out."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return SIGPIPE_EXIT

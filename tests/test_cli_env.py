@@ -3,11 +3,14 @@ command line wins, bad values are one-line usage errors naming the variable; ``-
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ix_gpu.cli import build_parser
 from ix_gpu.runtime.usage import env_name
 from tests.support.cli import ix_gpu
+from tests.support.paths import EXAMPLES, FAKE_DEVICES
 
 
 def _parse(argv: list[str]) -> object:
@@ -65,3 +68,27 @@ def test_version() -> None:
     result = ix_gpu("--version", check=True)
     assert result.stdout.startswith("ix-gpu ")
     assert result.stdout.split()[1][0].isdigit(), result.stdout
+
+
+def test_ix_gpu_version_in_the_environment_is_not_a_flag() -> None:
+    # --version only prints; a variable of that name (a build's or an image's) must change nothing.
+    result = ix_gpu("config", "default", env={"IX_GPU_VERSION": "0.1.0"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("apiVersion: ix-gpu.io/v1alpha1")
+
+
+def test_the_plugin_config_has_a_variable_of_its_own(tmp_path: Path) -> None:
+    # One IX_GPU_CONFIG for the webhook config and the plugin config broke whichever it was not for.
+    webhook_config = tmp_path / "webhook.yaml"
+    webhook_config.write_text(ix_gpu("config", "default", check=True).stdout)
+    plugin_config = tmp_path / "ix-config"
+    plugin_config.write_text("sharing:\n  timeSlicing:\n    replicas: 2\n")
+    devices = ("devices", "--backend", "fake", "--fake-devices", str(FAKE_DEVICES))
+    env = {"IX_GPU_CONFIG": str(webhook_config)}
+    assert "2 devices" in ix_gpu(*devices, env=env, check=True).stdout
+    env["IX_GPU_PLUGIN_CONFIG"] = str(plugin_config)
+    assert "4 devices" in ix_gpu(*devices, env=env, check=True).stdout
+    mutate = ix_gpu("mutate", "-f", str(EXAMPLES / "gpu-pod.yaml"), env=env)
+    assert mutate.returncode == 0, mutate.stderr
+    assert "[env IX_GPU_PLUGIN_CONFIG]" in " ".join(ix_gpu("plugin", "--help", check=True).stdout.split())
+    assert "[env IX_GPU_CONFIG]" in " ".join(ix_gpu("webhook", "--help", check=True).stdout.split())

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ix_gpu.plugin.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
+from ix_gpu.runtime.usage import UsageError, add_log_level, port_number, set_env_name
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
@@ -28,14 +28,19 @@ DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.devicemodel.plugin_config.DEF
 DEFAULT_METRICS_PORT = 9401
 
 
+PLUGIN_CONFIG_ENV = "IX_GPU_PLUGIN_CONFIG"
+"""``--config`` of the plugin commands: IX_GPU_CONFIG is the webhook's config (``webhook``, ``mutate``)."""
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    config = parser.add_argument(
         "--config",
         metavar="PATH",
         help=f"the ix-config file (default {DEFAULT_CONFIG} when it exists, else built-in defaults), or "
         "a directory of named configs (a mounted ConfigMap) from which the node label "
         "ix-gpu.io/device-plugin.config picks one",
     )
+    set_env_name(config, PLUGIN_CONFIG_ENV)
     parser.add_argument(
         "--default-config",
         metavar="NAME",
@@ -287,7 +292,7 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
         backend = _make_backend(args)
         chips = backend.chips()
     except (BackendStartError, BackendError) as exc:
-        print(f"ix-gpu {command}: {exc}")
+        print(f"ix-gpu {command}: {exc}", file=sys.stderr)
         return None
     plan = plan_sharing(config, backend.vendor.resource_name)
     for note in plan.notes:
@@ -301,7 +306,7 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
             key=plan.key,
         )
     except ValueError as exc:
-        print(f"ix-gpu {command}: {exc}")
+        print(f"ix-gpu {command}: {exc}", file=sys.stderr)
         return None
     return Discovered(config, backend, plan.resource, devices)
 
@@ -390,8 +395,12 @@ def run_devices(args: argparse.Namespace) -> int:
 
 
 def run_cdi_generate(args: argparse.Namespace) -> int:
+    from ix_gpu.devicemodel.k8s_names import absolute_path
     from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, render, spec_path, write_spec
 
+    # The spec's hostPaths are read by the container runtime, relative to nothing we know.
+    if args.driver_root is not None and (problems := absolute_path(args.driver_root)):
+        raise UsageError(f"--driver-root {args.driver_root!r}: {'; '.join(problems)}")
     found = _discover(args, "cdi generate")
     if found is None:
         return 1
@@ -400,7 +409,7 @@ def run_cdi_generate(args: argparse.Namespace) -> int:
     try:
         spec = cdi_spec(found.devices, vendor, found.backend.control_nodes(), driver_root=driver_root)
     except CdiError as exc:
-        print(f"ix-gpu cdi generate: {exc}")
+        print(f"ix-gpu cdi generate: {exc}", file=sys.stderr)
         return 1
     finally:
         found.backend.close()
@@ -411,7 +420,7 @@ def run_cdi_generate(args: argparse.Namespace) -> int:
     try:
         changed = write_spec(spec, path)
     except OSError as exc:
-        print(f"ix-gpu cdi generate: cannot write {path}: {exc}")
+        print(f"ix-gpu cdi generate: cannot write {path}: {exc}", file=sys.stderr)
         return 1
     what = f"{len(spec['devices'])} {vendor.resource_name} devices"
     print(f"{'wrote' if changed else 'unchanged:'} {path} ({what})")

@@ -25,9 +25,20 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
+_ENV_ATTRIBUTE = "ix_gpu_env"
+
+
 def env_name(option: str) -> str:
     """The environment variable for a long option: ``--log-level`` → ``IX_GPU_LOG_LEVEL``."""
     return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
+
+
+def set_env_name(action: argparse.Action, variable: str) -> argparse.Action:
+    """Give an option another variable than its name makes. Where two commands' options of one
+    name mean different things (the webhook's ``--config`` and the plugin's), a variable exported
+    for one must not reach the other."""
+    setattr(action, _ENV_ATTRIBUTE, variable)
+    return action
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -48,9 +59,9 @@ class OneLineParser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         for action in self._actions:
-            name = _env_option(action)
-            if name is not None and (raw := os.environ.get(env_name(name))) is not None:
-                self._default_from_env(action, env_name(name), raw)
+            variable = _env_variable(action)
+            if variable is not None and (raw := os.environ.get(variable)) is not None:
+                self._default_from_env(action, variable, raw)
         return super().parse_known_args(args, namespace)
 
     def _default_from_env(self, action: argparse.Action, variable: str, raw: str) -> None:
@@ -75,18 +86,24 @@ class OneLineParser(argparse.ArgumentParser):
 
     def format_help(self) -> str:
         for action in self._actions:
-            name = _env_option(action)
-            note = f"[env {env_name(name)}]" if name is not None else None
+            variable = _env_variable(action)
+            note = f"[env {variable}]" if variable is not None else None
             if note is not None and action.help is not None and note not in action.help:
                 action.help = f"{action.help} {note}"
         return super().format_help()
 
 
-def _env_option(action: argparse.Action) -> str | None:
-    """The long option an action may take from the environment (None: help, version, positionals)."""
-    if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+def _env_variable(action: argparse.Action) -> str | None:
+    """The variable an action takes its value from (None: positionals, subcommands, and actions that
+    only do something, such as --help and --version, whose default is SUPPRESS: IX_GPU_VERSION=0.1.0,
+    set by a build or an image, is no request to print the version)."""
+    if action.default is argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
         return None
-    return next((o for o in action.option_strings if o.startswith("--")), None)
+    option = next((o for o in action.option_strings if o.startswith("--")), None)
+    if option is None:
+        return None
+    variable: str = getattr(action, _ENV_ATTRIBUTE, None) or env_name(option)
+    return variable
 
 
 def port_number(text: str) -> int:

@@ -199,3 +199,37 @@ def test_cdi_generate_command_writes_the_spec_for_what_the_plugin_would_advertis
     assert ix_gpu(*args, check=True).stdout.startswith("unchanged:")
     printed = ix_gpu(*args, "--output", "-", check=True).stdout
     assert json.loads(printed) == spec
+
+
+def _failing_devices(tmp_path: Path) -> Path:
+    """A fake devices file whose management library fails, as a node's broken driver would."""
+    from tests.support.paths import FAKE_DEVICES
+
+    path = tmp_path / "devices.yaml"
+    path.write_text(FAKE_DEVICES.read_text() + "libraryError: driver not loaded\n")
+    return path
+
+
+@pytest.mark.parametrize("command", [("devices",), ("cdi", "generate", "--output", "-")])
+def test_errors_go_to_stderr_never_into_the_output(tmp_path: Path, command: tuple[str, ...]) -> None:
+    # cdi generate --output - is a spec stream: an error in it would be read as (broken) JSON.
+    from tests.support.cli import ix_gpu
+
+    result = ix_gpu(*command, "--backend", "fake", "--fake-devices", str(_failing_devices(tmp_path)))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "driver not loaded" in result.stderr
+
+
+def test_a_relative_driver_root_is_a_usage_error(tmp_path: Path) -> None:
+    # A CDI spec's hostPath is read by the container runtime, relative to nothing we know.
+    from tests.support.cli import ix_gpu
+    from tests.support.paths import FAKE_DEVICES
+
+    out = tmp_path / "spec.json"
+    args = ("cdi", "generate", "--backend", "fake", "--fake-devices", str(FAKE_DEVICES), "--output", str(out))
+    result = ix_gpu(*args, "--driver-root", "usr/local/corex")
+    assert result.returncode == 2
+    assert "--driver-root 'usr/local/corex': must be an absolute path" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
