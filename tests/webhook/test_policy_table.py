@@ -338,6 +338,36 @@ def test_env_merge_modes() -> None:
         "NEW": "x",
     }
     assert any("env[name=KEEP]" in w for w in result.warnings)
+    # Replacing the user's value is said as loudly as keeping it.
+    (replaced,) = [w for w in result.warnings if "env[name=IX_MODE]" in w]
+    assert "'slow'" in replaced and "'fast'" in replaced and "override" in replaced
+
+
+def test_env_override_warns_but_is_no_conflict_to_deny() -> None:
+    # mode: override is the operator saying "ours wins": conflictPolicy deny does not undo that.
+    config = CompiledConfig(
+        parse_config(
+            {
+                "profiles": [
+                    {
+                        "name": "ix",
+                        "resources": ["iluvatar.com/gpu"],
+                        "env": [{"name": "IX_MODE", "value": "fast", "mode": "override"}],
+                    }
+                ],
+                "policy": {"conflictPolicy": "deny"},
+            }
+        )
+    )
+    result = mutate(
+        pod(limits=GPU, env=[{"name": "IX_MODE", "value": "slow"}]), "CREATE", NamespaceFacts("t"), config
+    )
+    assert result.decision is Decision.MUTATED
+    assert [w for w in result.warnings if "env[name=IX_MODE]" in w]
+    same = mutate(
+        pod(limits=GPU, env=[{"name": "IX_MODE", "value": "fast"}]), "CREATE", NamespaceFacts("t"), config
+    )
+    assert not [w for w in same.warnings if "env[name=IX_MODE]" in w]
 
 
 def test_gpu_type_annotation_becomes_required_node_affinity(default_compiled: CompiledConfig) -> None:

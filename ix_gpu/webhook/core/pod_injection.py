@@ -321,6 +321,13 @@ def _merge_env(
                     f"{label}.env[name={var.name}]: the user's value {shown(current)} kept "
                     f"(profile {profile.name} would set {var.value!r})"
                 )
+            elif var.mode == _OVERRIDE and current != var.value and i not in updated:
+                # A warning, not a conflict: override is the operator's "ours wins", which
+                # conflictPolicy deny must not turn into a denial; the user still hears of it.
+                run.warnings.append(
+                    f"{label}.env[name={var.name}]: the user's value {shown(current)} replaced "
+                    f"with {var.value!r} (profile {profile.name}, mode override)"
+                )
             if merged != current:
                 updated[i] = merged
     for i, value in updated.items():
