@@ -13,6 +13,8 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY ix_gpu ./ix_gpu
 # The same pip command and constraints file CI installs with (scripts/test.sh), without the dev extras.
 RUN python -m pip install -c constraints.txt .
+# Nothing installs packages at run time: pip and setuptools leave the venv the image ships.
+RUN python -m pip uninstall --quiet --yes pip setuptools
 # Fail the build, not the rollout, when the console script does not resolve.
 RUN ix-gpu --help >/dev/null && ix-gpu webhook --help >/dev/null && ix-gpu plugin --help >/dev/null
 

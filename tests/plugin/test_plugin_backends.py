@@ -97,6 +97,24 @@ def test_ixml_health_bits_lost_chip_and_library_failure(ixml_env: Path) -> None:
     assert len(backend.chips()) == 4
 
 
+def test_ixml_stub_reads_its_devices_beside_the_driver_root_and_names_the_product(
+    libixml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device plugin container has only the driver root mounted, no FAKE_IXML_SCRIPT: the stub
+    then reads <driver root>/fake-ixml-devices, whose ``name`` line is the product every chip
+    reports (how the real-node tier gives its two nodes different products)."""
+    corex = tmp_path / "corex"
+    (corex / "lib64").mkdir(parents=True)
+    shutil.copy(libixml / "lib64" / "libixml.so", corex / "lib64" / "libixml.so")  # a fresh dlopen
+    (corex / "fake-ixml-devices").write_text("name Iluvatar BI-V100\nGPU-v100-0 0 0 0 0 32768 8a\n")
+    monkeypatch.delenv("FAKE_IXML_SCRIPT", raising=False)
+    monkeypatch.setenv("COREX_HOME", str(corex))
+    backend = make_backend("ixml", root=tmp_path)
+    chips = backend.chips()
+    assert [(c.uuid, c.product, c.minor) for c in chips] == [("GPU-v100-0", "Iluvatar BI-V100", 0)]
+    backend.close()
+
+
 def test_missing_library_names_every_place_looked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("COREX_HOME", str(tmp_path))
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Build the container images the real-node tier runs, with no registry and no image download:
+#
+#   base    docker.io/library/python:3.11-slim-bookworm, the Dockerfile's default PYTHON_IMAGE,
+#           stood in for by Debian bookworm made with mmdebstrap (python3 3.11, venv, `python` on
+#           PATH, ca-certificates), so the project's Dockerfile builds unchanged with --pull=never;
+#   pause   registry.k8s.io/pause:3.10, the pod sandbox image, from tests/k8s/images/pause.c (static);
+#   ix-gpu  localhost/ix-gpu:<content hash>, built from the project's Dockerfile with buildah.
+#
+#   bash tests/k8s/build-images.sh            # prints the images directory (last stdout line)
+#
+# Needs root and the host packages of tests/k8s/node-packages.sh. buildah keeps its own storage under
+# ${IX_GPU_CACHE:-~/.cache/ix-gpu}/buildah; each image is also written as a docker archive to
+# <cache>/images/<name>-<key>.tar, which the tier imports into each node's containerd under its exact
+# name. Each image is keyed by the hash of what it is made from (the recipe below, pause.c, the
+# Dockerfile and the files it copies, the base it starts from), so nothing is rebuilt until that
+# changes; the project image is rebuilt when the project's files change. <cache>/images/images.json
+# names the three archives and references.
+#
+# pip inside the build reaches the package index only with the host's CA bundle mounted into the
+# build and the host's network (--network host), as an image build in CI would have.
+set -euo pipefail
+
+CACHE_ROOT="${IX_GPU_CACHE:-$HOME/.cache/ix-gpu}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+OUT="$CACHE_ROOT/images"
+STORAGE="$CACHE_ROOT/buildah"
+RUNROOT="/run/ix-gpu-buildah"
+CA_BUNDLE="${IX_GPU_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
+MIRROR="${IX_GPU_DEBIAN_MIRROR:-}"
+
+BASE_REF="docker.io/library/python:3.11-slim-bookworm"
+BASE_RECIPE="bookworm minbase python3,python3-venv,python-is-python3,ca-certificates nodoc"
+PAUSE_REF="registry.k8s.io/pause:3.10"
+PROJECT_REPO="localhost/ix-gpu"
+
+log() { printf '[images %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+((EUID == 0)) || die "needs root (buildah, mmdebstrap)"
+for tool in buildah mmdebstrap gcc sha256sum; do
+    command -v "$tool" >/dev/null || die "$tool is missing: run tests/k8s/node-packages.sh"
+done
+
+BR=(buildah --root "$STORAGE" --runroot "$RUNROOT" --storage-driver overlay)
+mkdir -p "$OUT" "$STORAGE"
+exec 9>"$CACHE_ROOT/.images.lock"
+flock 9
+
+key_of() { sha256sum | cut -c1-16; }
+label_of() { # label_of REF: the recipe key an image in buildah's storage was built from, or ""
+    "${BR[@]}" inspect --type image --format '{{index .ImageAnnotations "io.ix-gpu.test.key"}}' "$1" 2>/dev/null || true
+}
+archive() { # archive REF KEY NAME: write the docker archive for REF once per key
+    local file="$OUT/$3-$2.tar"
+    if [[ ! -s "$file" ]]; then
+        log "writing $file"
+        rm -f "$file.tmp"
+        "${BR[@]}" push -q "$1" "docker-archive:$file.tmp:$1" >/dev/null
+        mv "$file.tmp" "$file"
+    fi
+    # Older archives of the same image are not needed again.
+    find "$OUT" -maxdepth 1 -name "$3-*.tar" ! -name "$3-$2.tar" -delete
+    echo "$file"
+}
+
+# ---------------------------------------------------------------- base
+BASE_KEY="$(printf '%s\n' "$BASE_RECIPE" | key_of)"
+if [[ "$(label_of "$BASE_REF")" != "$BASE_KEY" ]]; then
+    log "base: mmdebstrap $BASE_RECIPE (about a minute)"
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    # Debian's mirror from the host's apt sources unless one is given.
+    mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        bookworm "$tmp/base.tar" ${MIRROR:+"$MIRROR"} >&2 || die "mmdebstrap failed"
+    ctr="$("${BR[@]}" from scratch)"
+    "${BR[@]}" add "$ctr" "$tmp/base.tar" / >/dev/null
+    "${BR[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+        --env LANG=C.UTF-8 --cmd python3 --annotation "io.ix-gpu.test.key=$BASE_KEY" "$ctr"
+    "${BR[@]}" commit -q "$ctr" "$BASE_REF" >/dev/null
+    "${BR[@]}" rm "$ctr" >/dev/null
+    rm -rf "$tmp"
+    trap - EXIT
+    log "base: built $BASE_REF"
+fi
+
+# ---------------------------------------------------------------- pause
+PAUSE_KEY="$( { printf '%s\n' "$PAUSE_REF"; cat "$HERE/images/pause.c"; } | key_of)"
+if [[ "$(label_of "$PAUSE_REF")" != "$PAUSE_KEY" ]]; then
+    log "pause: gcc -static $HERE/images/pause.c"
+    tmp="$(mktemp -d)"
+    gcc -static -O2 -s -o "$tmp/pause" "$HERE/images/pause.c"
+    ctr="$("${BR[@]}" from scratch)"
+    "${BR[@]}" copy --chmod 0755 "$ctr" "$tmp/pause" /pause >/dev/null
+    "${BR[@]}" config --entrypoint '["/pause"]' --cmd '' --user 65535:65535 \
+        --annotation "io.ix-gpu.test.key=$PAUSE_KEY" "$ctr"
+    "${BR[@]}" commit -q "$ctr" "$PAUSE_REF" >/dev/null
+    "${BR[@]}" rm "$ctr" >/dev/null
+    rm -rf "$tmp"
+fi
+PAUSE_ARCHIVE="$(archive "$PAUSE_REF" "$PAUSE_KEY" pause)"
+
+# ---------------------------------------------------------------- the project image
+# What the Dockerfile copies (.dockerignore's allow-list), as they are in the work tree, and the base.
+PROJECT_KEY="$(
+    cd "$ROOT"
+    {
+        echo "$BASE_KEY"
+        find Dockerfile .dockerignore pyproject.toml README.md constraints.txt ix_gpu -type f \
+            ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort |
+            while read -r f; do printf '%s\n' "$f"; sha256sum <"$f"; done
+    } | key_of
+)"
+PROJECT_REF="$PROJECT_REPO:$PROJECT_KEY"
+if [[ "$(label_of "$PROJECT_REF")" != "$PROJECT_KEY" ]]; then
+    log "ix-gpu: buildah bud $ROOT/Dockerfile -> $PROJECT_REF"
+    t=$SECONDS
+    "${BR[@]}" bud --quiet --pull=never --network host --layers=false \
+        -v "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro" \
+        --annotation "io.ix-gpu.test.key=$PROJECT_KEY" \
+        -t "$PROJECT_REF" -f "$ROOT/Dockerfile" "$ROOT" >&2 || die "buildah bud failed"
+    log "ix-gpu: built in $((SECONDS - t))s"
+    # Keep only this build of the project image in buildah's storage.
+    { "${BR[@]}" images --format '{{.Name}}:{{.Tag}}' 2>/dev/null || true; } |
+        while read -r old; do
+            [[ "$old" == "$PROJECT_REPO:"* && "$old" != "$PROJECT_REF" ]] || continue
+            "${BR[@]}" rmi -f "$old" >/dev/null 2>&1 || true
+        done
+fi
+PROJECT_ARCHIVE="$(archive "$PROJECT_REF" "$PROJECT_KEY" ix-gpu)"
+
+cat >"$OUT/images.json" <<JSON
+{
+  "base": {"ref": "$BASE_REF", "key": "$BASE_KEY"},
+  "pause": {"ref": "$PAUSE_REF", "archive": "$PAUSE_ARCHIVE"},
+  "ix-gpu": {"ref": "$PROJECT_REF", "repository": "$PROJECT_REPO", "tag": "$PROJECT_KEY", "archive": "$PROJECT_ARCHIVE"}
+}
+JSON
+log "done: $OUT/images.json"
+echo "$OUT"
