@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="preview what the webhook would inject into Pods/TFJobs (YAML or JSON in, YAML out)",
         description=(
             "Run the webhook's mutation on local manifests. Reads one or more YAML/JSON documents, "
-            "prints them mutated (or, with --patch, one JSON patch per document). Warnings go to "
+            "prints them mutated (or, with --patch, one JSON patch per document). The items of a List "
+            "(kubectl get -o yaml) are mutated as the objects they are, with one patch each. Warnings go to "
             "stderr. Exit 0 on success, 1 when an object is denied (an internal error included, as the "
             "webhook denies then too), 2 on unreadable input or config: not YAML/JSON, a duplicate key, "
             "over 16 MiB, nested over 100 levels, or aliases expanding past 100,000 nodes."

@@ -89,8 +89,8 @@ def _namespace(options: MutateOptions, doc: Any) -> str:
     return namespace if isinstance(namespace, str) and namespace else "default"
 
 
-def _mutate_one(doc: Any, options: MutateOptions, config: CompiledConfig, stderr: TextIO) -> str | None:
-    """The output for one document, or None when it is denied (said on stderr)."""
+def _mutate_one(doc: Any, options: MutateOptions, config: CompiledConfig, stderr: TextIO) -> list[Any] | None:
+    """The patch ops for one document, or None when it is denied (said on stderr)."""
     facts = NamespaceFacts(
         name=_namespace(options, doc),
         labels=options.namespace_labels,
@@ -104,10 +104,7 @@ def _mutate_one(doc: Any, options: MutateOptions, config: CompiledConfig, stderr
         return None
     if options.verbose:
         print(f"{_describe(doc)}: {result.decision.value}: {result.reason}", file=stderr)
-    if options.patch_only:
-        return json.dumps(result.ops)
-    mutated = jsonpatch.apply_patch(doc, result.ops) if result.ops else doc
-    return yaml.safe_dump(mutated, sort_keys=False)
+    return result.ops
 
 
 def run_mutate(options: MutateOptions, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
@@ -124,27 +121,58 @@ def run_mutate(options: MutateOptions, stdin: TextIO, stdout: TextIO, stderr: Te
         print(f"ix-gpu mutate: {exc}", file=stderr)
         return 2
 
-    exit_code = 0
+    denied = False
     outputs: list[str] = []
     for doc in documents:
-        try:
-            output = _mutate_one(doc, options, config, stderr)
-        except Exception as exc:  # a bug in the mutation, reported like the webhook's fail-closed denial
-            hint = "" if options.verbose else " (-v for the traceback)"
-            print(
-                f"ix-gpu mutate: {_describe(doc)} denied: internal error in the ix-gpu webhook: "
-                f"{type(exc).__name__}: {one_line(exc, 200)}{hint}",
-                file=stderr,
-            )
-            if options.verbose:
-                traceback.print_exc(file=stderr)
-            output = None
-        if output is None:
-            exit_code = 1
-        else:
-            outputs.append(output)
+        if not _is_list(doc):
+            result = _result_of(doc, options, config, stderr)
+            denied |= result is None
+            outputs += [] if result is None else [_render(doc, result, options)]
+            continue
+        # A List (what `kubectl get -o yaml` prints) is never admitted itself; each item is an
+        # object the webhook would see. Its patches are one per item; the List keeps the items
+        # that would be admitted, mutated.
+        kept = []
+        for item in doc["items"]:
+            result = _result_of(item, options, config, stderr)
+            denied |= result is None
+            if result is not None and options.patch_only:
+                outputs.append(_render(item, result, options))
+            elif result is not None:
+                kept.append(jsonpatch.apply_patch(item, result) if result else item)
+        if not options.patch_only:
+            outputs.append(yaml.safe_dump({**doc, "items": kept}, sort_keys=False))
     if options.patch_only:
         stdout.write("".join(line + "\n" for line in outputs))
     else:
         stdout.write("---\n".join(outputs))
-    return exit_code
+    return 1 if denied else 0
+
+
+def _is_list(doc: Any) -> bool:
+    """``kind: List`` (or a typed list, ``PodList``) with its ``items``."""
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    return isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)
+
+
+def _result_of(doc: Any, options: MutateOptions, config: CompiledConfig, stderr: TextIO) -> list[Any] | None:
+    """The patch ops for one object, or None when it is denied (said on stderr)."""
+    try:
+        return _mutate_one(doc, options, config, stderr)
+    except Exception as exc:  # a bug in the mutation, reported like the webhook's fail-closed denial
+        hint = "" if options.verbose else " (-v for the traceback)"
+        print(
+            f"ix-gpu mutate: {_describe(doc)} denied: internal error in the ix-gpu webhook: "
+            f"{type(exc).__name__}: {one_line(exc, 200)}{hint}",
+            file=stderr,
+        )
+        if options.verbose:
+            traceback.print_exc(file=stderr)
+        return None
+
+
+def _render(doc: Any, ops: list[Any], options: MutateOptions) -> str:
+    if options.patch_only:
+        return json.dumps(ops)
+    mutated = jsonpatch.apply_patch(doc, ops) if ops else doc
+    return yaml.safe_dump(mutated, sort_keys=False)

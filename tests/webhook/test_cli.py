@@ -77,6 +77,32 @@ def test_mutate_namespace_annotation_opts_out() -> None:
     assert 'skipped: namespace "default" opted out' in result.stderr
 
 
+def test_mutate_a_list_mutates_its_items() -> None:
+    # What `kubectl get pods -o yaml` prints: the items are the objects the webhook would see.
+    gpu_pod = yaml.safe_load((EXAMPLES / "gpu-pod.yaml").read_text())
+    config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    listed = yaml.safe_dump(
+        {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": [gpu_pod, config_map]}
+    )
+    result = ix_gpu("mutate", "-f", "-", stdin=listed)
+    assert result.returncode == 0, result.stderr
+    out = yaml.safe_load(result.stdout)
+    assert out["kind"] == "List"
+    mutated, untouched = out["items"]
+    assert mutated["metadata"]["annotations"]["ix-gpu.io/injected"].startswith("iluvatar@")
+    assert untouched == config_map
+    # --patch: one patch per item, as the webhook would send one per object.
+    patches = ix_gpu("mutate", "-f", "-", "--patch", stdin=listed).stdout.splitlines()
+    assert len(patches) == 2
+    assert json.loads(patches[0]) and json.loads(patches[1]) == []
+    # A denied item is left out and makes the exit code 1, as a denied document does.
+    bad = listed.replace("iluvatar.com/gpu: 1", "iluvatar.com/gpu: 1.5")
+    denied = ix_gpu("mutate", "-f", "-", stdin=bad)
+    assert denied.returncode == 1
+    assert yaml.safe_load(denied.stdout)["items"] == [config_map]
+    assert "Pod/corex-example denied" in denied.stderr
+
+
 def test_mutate_denied_exits_1_with_reason() -> None:
     bad = (EXAMPLES / "gpu-pod.yaml").read_text().replace("iluvatar.com/gpu: 1", "iluvatar.com/gpu: 1.5")
     result = ix_gpu("mutate", "-f", "-", stdin=bad)
