@@ -4,6 +4,7 @@
 #   kube-controller-manager  k8s.io/kubernetes/cmd/kube-controller-manager at $IX_K8S_VERSION
 #   kube-scheduler           k8s.io/kubernetes/cmd/kube-scheduler at $IX_K8S_VERSION
 #   kubelet                  k8s.io/kubernetes/cmd/kubelet at $IX_K8S_VERSION
+#   kube-proxy               k8s.io/kubernetes/cmd/kube-proxy at $IX_K8S_VERSION (the real-node tier)
 #   kubelet-harness          tests/k8s/kubelet-harness (the kubelet's real device manager behind a JSON-lines CLI)
 #   fake-cri                 tests/k8s/fake-cri (a CRI runtime that runs containers as host processes)
 #
@@ -11,8 +12,8 @@
 #
 # Sets: "tier" (kube-apiserver kubelet-harness kubelet fake-cri, what the webhook, device-manager and
 # kubelet suites use), "cluster" (kube-apiserver kube-controller-manager kube-scheduler kubelet
-# fake-cri, the mini cluster), "all". Binary names may be given too. Without arguments: "tier" on
-# v1.35.x (the default version), "cluster" on any other version (the kubelet-harness compiles only
+# kube-proxy fake-cri, the mini cluster on either runtime), "all". Binary names may be given too.
+# Without arguments: "tier" on v1.35.x (the default version), "cluster" on any other version (the kubelet-harness compiles only
 # against the v1.35 device-manager API). The mini cluster uses the newest Kubernetes the proxy serves:
 #   IX_K8S_VERSION=v1.37.2 bash tests/k8s/build.sh        # = ... build.sh cluster
 #
@@ -58,7 +59,7 @@ OUT="$CACHE_ROOT/k8s-$K8S_VERSION-$HARNESS_HASH"
 BIN="$OUT/bin"
 
 # What to build: sets and binary names, in the order given (duplicates dropped).
-ALL_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubelet-harness fake-cri)
+ALL_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubelet-harness fake-cri)
 BINARIES=()
 add() { local b; for b in "${BINARIES[@]}"; do [[ "$b" == "$1" ]] && return 0; done; BINARIES+=("$1"); }
 if (($# == 0)); then
@@ -69,7 +70,7 @@ fi
 for arg in "$@"; do
     case "$arg" in
     tier) for b in kube-apiserver kubelet-harness kubelet fake-cri; do add "$b"; done ;;
-    cluster) for b in kube-apiserver kube-controller-manager kube-scheduler kubelet fake-cri; do add "$b"; done ;;
+    cluster) for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy fake-cri; do add "$b"; done ;;
     all) for b in "${ALL_BINARIES[@]}"; do add "$b"; done ;;
     *)
         [[ " ${ALL_BINARIES[*]} " == *" $arg "* ]] ||

@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 
+from tests.k8s import real_nodes
 from tests.k8s.k8s_tier import (
     CLUSTER_K8S_VERSION,
     Etcd,
@@ -58,6 +59,7 @@ from tests.k8s.k8s_tier import (
     start_kube_apiserver,
     start_kubelet_node,
 )
+from tests.k8s.real_nodes import RealNode, RealNodes
 from tests.support.cli import ix_gpu
 from tests.support.net import free_port
 from tests.support.paths import ROOT
@@ -197,6 +199,7 @@ class MiniCluster:
         plugin_mode: str = "process",
         node_ip: str = "127.0.0.1",
         kubelet_config: dict[str, Any] | None = None,
+        runtime: str = "fake-cri",
     ) -> None:
         """``plugin_config``: the plugins' ix-config (None: start no plugin). ``containers_path``: the
         containers' PATH (default: this interpreter's directory, then the system's). ``log_dir``:
@@ -206,7 +209,16 @@ class MiniCluster:
         the kubelets' address and the Nodes' InternalIP (``host_address()`` lets hostNetwork pods be
         Service endpoints; see ``start_kubelet_node``). ``kubelet_config``: KubeletConfiguration keys
         for every node (e.g. a shorter ``syncFrequency``, which bounds how soon a changed ConfigMap
-        reaches a pod's volume)."""
+        reaches a pod's volume). ``runtime``: ``fake-cri`` (pods are host processes; the nodes of
+        ``nodes``) or ``containerd`` (real containers on the real nodes of tests/k8s/real_nodes.py,
+        kube-proxy included; no plugin is started there, the chart installs it: ``plugin_config``
+        must be None)."""
+        if runtime not in ("fake-cri", "containerd"):
+            raise ValueError(f"runtime: {runtime!r}")
+        if runtime == "containerd" and plugin_config is not None:
+            raise ValueError("real nodes get their device plugin from the chart: plugin_config=None")
+        self.runtime = runtime
+        self.real_nodes: RealNodes | None = RealNodes() if runtime == "containerd" else None
         self.kubelet_config = kubelet_config
         self.node_ip = node_ip
         if plugin_mode not in ("process", "daemonset"):
@@ -224,7 +236,7 @@ class MiniCluster:
         self.api_server: KubeAPI | None = None
         self.controller_manager: Process | None = None
         self.scheduler: Process | None = None
-        self.nodes: dict[str, KubeletNode] = {}
+        self.nodes: dict[str, KubeletNode | RealNode] = {}
         self.plugins: dict[str, PluginProcess] = {}
         self.webhook: WebhookProcess | None = None
         self.timings: dict[str, float] = {}
@@ -251,9 +263,16 @@ class MiniCluster:
         if self.scheduler is not None:
             out["kube-scheduler"] = self.scheduler
         for name, node in self.nodes.items():
-            out[f"fake-cri-{name}"] = node.fake_cri
+            if isinstance(node, KubeletNode):
+                out[f"fake-cri-{name}"] = node.fake_cri
+            elif node.containerd is not None:
+                out[f"containerd-{name}"] = node.containerd
+            if isinstance(node, RealNode) and node.kube_proxy is not None:
+                out[f"kube-proxy-{name}"] = node.kube_proxy
             if node.kubelet is not None:
                 out[f"kubelet-{name}"] = node.kubelet
+        if self.real_nodes is not None and self.real_nodes.host_proxy is not None:
+            out["kube-proxy-control-plane"] = self.real_nodes.host_proxy
         for name, plugin in self.plugins.items():
             if plugin.process is not None:
                 out[f"ix-gpu-plugin-{name}"] = plugin.process
@@ -265,11 +284,21 @@ class MiniCluster:
         """What ``down`` needs, and what a person wants to see."""
         return {
             "version": CLUSTER_K8S_VERSION,
+            "runtime": self.runtime,
+            "kube_proxy": str(self.binaries.kube_proxy) if self.binaries else None,
+            "images": (
+                {k: str(v) for k, v in dataclasses.asdict(self.real_nodes.images).items()}
+                if self.real_nodes and self.real_nodes.images
+                else None
+            ),
             "kubeconfig": str(self.kubeconfig) if self.api_server else None,
             "apiserver": self.api_server.url if self.api_server else None,
             "logs": str(self.log_dir),
             "pids": {name: p.pid for name, p in self.processes().items()},
-            "node_roots": {name: str(node.root) for name, node in self.nodes.items()},
+            "node_roots": {
+                name: str(node.root if isinstance(node, KubeletNode) else node.spec.root)
+                for name, node in self.nodes.items()
+            },
             "etcd_data": str(self.etcd.data_root) if self.etcd else None,
             "webhook": self.webhook.url if self.webhook else None,
             "timings_s": self.timings,
@@ -304,6 +333,10 @@ class MiniCluster:
             self.binaries = build_cluster_binaries()
         binaries = self.binaries
         self._timed("binaries", begin)
+        if self.real_nodes is not None:
+            t = time.monotonic()
+            self.real_nodes.prepare()  # images, and the host network the apiserver advertises on
+            self._timed("images+network", t)
         t = time.monotonic()
         self.etcd = start_etcd(binaries, self.log_dir)
         self.api_server = start_kube_apiserver(
@@ -312,8 +345,11 @@ class MiniCluster:
             self.work_dir / "kube-apiserver",
             self.log_dir,
             service_account_admission=True,
-            # No kube-proxy: webhooks (and aggregated APIs) are dialled at their Service's endpoints.
-            extra_args=["--enable-aggregator-routing=true"],
+            # fake-cri nodes have no kube-proxy: webhooks (and aggregated APIs) are dialled at their
+            # Service's endpoints. Real nodes have one, and the control plane's kube-proxy routes the
+            # apiserver to a webhook's ClusterIP, as in a real cluster.
+            extra_args=[] if self.real_nodes is not None else ["--enable-aggregator-routing=true"],
+            **(RealNodes.apiserver_args if self.real_nodes is not None else {}),
         )
         self._timed("etcd+apiserver", t)
         t = time.monotonic()
@@ -321,7 +357,10 @@ class MiniCluster:
         self.scheduler = self._start_scheduler(binaries)
         self._timed("controller-manager+scheduler", t)
         t = time.monotonic()
-        for spec in self.node_specs:
+        if self.real_nodes is not None:
+            labels = {"ix-gpu.io/test-node": "true"}
+            self.nodes.update(self.real_nodes.start(binaries, self.api, self.log_dir, labels))
+        for spec in self.node_specs if self.real_nodes is None else ():
             self.nodes[spec.name] = start_kubelet_node(
                 binaries,
                 self.api,
@@ -336,7 +375,8 @@ class MiniCluster:
                 kubelet_config=self.kubelet_config,
             )
         for node in self.nodes.values():
-            node.wait_ready()
+            if isinstance(node, KubeletNode):
+                node.wait_ready()
         self._timed("nodes Ready", t)
         t = time.monotonic()
         if self.plugin_config is not None and self.plugin_mode == "daemonset":
@@ -681,8 +721,12 @@ class MiniCluster:
             with contextlib.suppress(Exception):
                 plugin.stop()
         for node in self.nodes.values():
+            if isinstance(node, KubeletNode):
+                with contextlib.suppress(Exception):
+                    node.close()
+        if self.real_nodes is not None:
             with contextlib.suppress(Exception):
-                node.close()
+                self.real_nodes.close()
         for proc in (self.scheduler, self.controller_manager):
             if proc is not None:
                 with contextlib.suppress(Exception):
@@ -912,6 +956,8 @@ def down(work_dir: Path) -> int:
     for path in [*state.get("node_roots", {}).values(), state.get("etcd_data")]:
         if path:
             shutil.rmtree(path, ignore_errors=True)
+    if state.get("runtime") == "containerd":  # namespaces, links, iptables, cgroups, shims
+        real_nodes.cleanup(kube_proxy=Path(state["kube_proxy"]) if state.get("kube_proxy") else None)
     shutil.rmtree(work_dir, ignore_errors=True)
     print(f"mini cluster in {work_dir} stopped", file=sys.stderr)
     return 0

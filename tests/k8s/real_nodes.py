@@ -1,0 +1,761 @@
+"""Real Nodes for the mini cluster: each a kubelet on its own containerd and runc, with CNI pod
+networking and kube-proxy in iptables mode, so pods are real containers (own mount, PID and network
+namespaces, cgroup limits, a device cgroup, an image filesystem).
+
+Layout on this machine (root; one real-node cluster at a time, the addresses are fixed):
+
+- **Network.** The host bridge ``ixt-br0`` holds 198.51.100.1/28 (TEST-NET-2; the apiserver
+  advertises this address). Each node is a network namespace ``ixt-<node>`` with a veth on that
+  bridge (``gpu-a`` 198.51.100.2, ``gpu-b`` .3), its own CNI bridge and pod range (``gpu-a``
+  198.51.100.64/26, ``gpu-b`` .128/26; the host routes each range to its node), its own iptables,
+  and its own kube-proxy. Services get 203.0.113.0/24 (TEST-NET-3). The control plane runs on the
+  host, so the host runs a kube-proxy too, as a control-plane node would: the apiserver reaches a
+  webhook at its Service's ClusterIP. Chain ``IX-GPU-TIER`` in the host's filter table rejects
+  Service and pod traffic that would otherwise leave the machine (before kube-proxy has synced, or
+  a pod dialling out).
+- **Mounts.** containerd and the kubelet share one private mount namespace per node (containerd
+  starts in it; the kubelet joins it), in which node directories are bound over the paths a real
+  node has: ``/var/lib/kubelet`` (so the chart's default device-plugin directory is that node's),
+  ``/var/log/pods``, ``/var/log/containers``, ``/run/containerd`` (containerd 1.6 keeps shim sockets
+  there whatever its state directory), ``/run/netns``, ``/var/lib/cni``, ``/etc/cni/net.d``, the
+  driver root ``DRIVER_ROOT``, and six sysctl files the kubelet would otherwise rewrite on the host.
+  ``/dev`` is an overlay of the host's ``/dev`` with the node's GPU device nodes added, so both
+  nodes have ``/dev/iluvatar0`` and see different devices there.
+- **GPUs without a GPU.** The device nodes are real character devices made with ``mknod``. Each
+  takes the major:minor of a harmless misc device of this kernel that opens without side effects
+  and that runc's default device allow-list does not contain, so the device cgroup decides for real
+  whether a container may open it. The driver root holds ``lib64/libixml.so``, the stub libixml
+  (tests/plugin/fake_ixml.c) compiled for the node, and the script it reads, naming the node's chips.
+- **cgroups.** Each node's kubelet has its own ``cgroupRoot`` (``/ixt-<node>``), so the two
+  kubelets never see each other's pod cgroups as orphans.
+
+``RealNodeCluster``-level orchestration is in cluster.py (``MiniCluster(runtime="containerd")``).
+``leftovers()`` lists what of all this still exists (for the tests that check nothing leaks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from tests.k8s.k8s_tier import KUBELET_SYSCTLS, K8sBinaries, KubeAPI, unix_socket_ready, write_kubeconfig
+from tests.support.paths import ROOT
+from tests.support.processes import Process, start_process
+from tests.support.waiting import wait_until
+
+TIER_ROOT = Path("/var/lib/ix-gpu-tier")
+DRIVER_ROOT = "/var/lib/ix-gpu-tier/corex"
+"""The GPU driver root on every real node (each node binds its own directory here): the value of
+the chart's ``plugin.driver.root`` and of the Iluvatar profile's driver hostPath on this cluster."""
+HOST_BRIDGE = "ixt-br0"
+HOST_ADDRESS = "198.51.100.1"
+NODE_PREFIX_LEN = 28
+SERVICE_CIDR = "203.0.113.0/24"
+CLUSTER_CIDR = "198.51.100.64/25"
+TIER_CIDR = "198.51.100.0/24"
+FILTER_CHAIN = "IX-GPU-TIER"
+KUBE_PROXY_PORTS = (10249, 10256)
+MISC_DEVICES = ((10, 237), (10, 234), (10, 235), (10, 183))
+"""Stand-ins for /dev/iluvatarN, in order: loop-control, btrfs-control, autofs, hwrng. Each opens
+without side effects, and none is on runc's default allow-list (null, zero, full, random, urandom,
+tty, console, ptmx, pts, tun), so only a container given the device can open it."""
+CONTROL_DEVICE = (1, 11)
+"""/dev/itrctl, the Iluvatar control node the plugin hands to every GPU container: kmsg's numbers."""
+LIBIXML_SOURCE = ROOT / "tests" / "plugin" / "fake_ixml.c"
+MOUNT_POINTS = (
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/run/containerd",
+    "/run/netns",
+    "/var/lib/cni",
+    "/etc/cni/net.d",
+    DRIVER_ROOT,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RealNodeSpec:
+    """A real node: its name, address on the host bridge, pod range, and GPUs (boards of chips)."""
+
+    name: str
+    address: str
+    pod_cidr: str
+    pod_gateway: str
+    product: str
+    boards: int
+    chips_per_board: int
+
+    @property
+    def netns(self) -> str:
+        return f"ixt-{self.name}"
+
+    @property
+    def root(self) -> Path:
+        return TIER_ROOT / self.name
+
+    @property
+    def chips(self) -> int:
+        return self.boards * self.chips_per_board
+
+
+REAL_NODES = (
+    RealNodeSpec("gpu-a", "198.51.100.2", "198.51.100.64/26", "198.51.100.65", "Iluvatar BI-V150", 2, 2),
+    RealNodeSpec("gpu-b", "198.51.100.3", "198.51.100.128/26", "198.51.100.129", "Iluvatar BI-V100", 2, 1),
+)
+
+
+def run(argv: Sequence[str], *, check: bool = True, input_text: str | None = None) -> str:
+    """Run a host command; its stdout. A failure raises with the command and its stderr."""
+    result = subprocess.run(list(argv), capture_output=True, text=True, check=False, input=input_text)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
+
+
+def _quiet(argv: Sequence[str]) -> None:
+    """Best-effort cleanup step: run it and ignore a failure (the thing may already be gone)."""
+    subprocess.run(list(argv), capture_output=True, check=False)
+
+
+# --------------------------------------------------------------------------- host network
+
+
+def setup_host_network(nodes: Sequence[RealNodeSpec]) -> None:
+    """The host bridge with the apiserver's address, a route to each node's pod range, and the
+    filter chain that keeps tier traffic on this machine. Refuses when a tier network exists."""
+    if Path(f"/sys/class/net/{HOST_BRIDGE}").exists():
+        raise RuntimeError(
+            f"{HOST_BRIDGE} exists: another real-node cluster is running (python -m tests.k8s.cluster down)"
+        )
+    run(["ip", "link", "add", HOST_BRIDGE, "type", "bridge"])
+    run(["ip", "addr", "add", f"{HOST_ADDRESS}/{NODE_PREFIX_LEN}", "dev", HOST_BRIDGE])
+    run(["ip", "link", "set", HOST_BRIDGE, "up"])
+    if Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() != "1":
+        raise RuntimeError("net.ipv4.ip_forward is off on this machine; the tier routes pod traffic")
+    # Traffic of the tier stays on this machine: Service addresses that nothing translated, and
+    # anything a pod sends elsewhere, are rejected instead of leaving through the default route.
+    run(["iptables", "-w", "-N", FILTER_CHAIN])
+    run(["iptables", "-w", "-A", FILTER_CHAIN, "-d", SERVICE_CIDR, "-j", "REJECT"])
+    run(["iptables", "-w", "-A", FILTER_CHAIN, "-s", TIER_CIDR, "!", "-d", TIER_CIDR, "-j", "REJECT"])
+    for chain in ("OUTPUT", "FORWARD"):
+        run(["iptables", "-w", "-I", chain, "1", "-j", FILTER_CHAIN])
+
+
+def teardown_host_network(nodes: Sequence[RealNodeSpec]) -> None:
+    for spec in nodes:
+        _quiet(["ip", "netns", "del", spec.netns])
+        _quiet(["ip", "link", "del", spec.netns])
+    _quiet(["ip", "link", "del", HOST_BRIDGE])
+    for chain in ("OUTPUT", "FORWARD"):
+        while (
+            subprocess.run(
+                ["iptables", "-w", "-D", chain, "-j", FILTER_CHAIN], capture_output=True
+            ).returncode
+            == 0
+        ):
+            pass
+    _quiet(["iptables", "-w", "-F", FILTER_CHAIN])
+    _quiet(["iptables", "-w", "-X", FILTER_CHAIN])
+
+
+def setup_node_network(spec: RealNodeSpec) -> None:
+    """The node's network namespace: eth0 on the host bridge, a default route via the host, IP
+    forwarding and bridge netfilter on (kube-proxy's rules must see pod-to-Service traffic that
+    stays on the node's CNI bridge), and the host's route to the node's pod range."""
+    ns = spec.netns
+    run(["ip", "netns", "add", ns])
+    run(["ip", "link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns])
+    run(["ip", "link", "set", ns, "master", HOST_BRIDGE, "up"])
+    inside = ["ip", "netns", "exec", ns]
+    run([*inside, "ip", "addr", "add", f"{spec.address}/{NODE_PREFIX_LEN}", "dev", "eth0"])
+    run([*inside, "ip", "link", "set", "eth0", "up"])
+    run([*inside, "ip", "link", "set", "lo", "up"])
+    run([*inside, "ip", "route", "add", "default", "via", HOST_ADDRESS])
+    run([*inside, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+    run([*inside, "sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=1"])
+    run(["ip", "route", "add", spec.pod_cidr, "via", spec.address])
+
+
+# --------------------------------------------------------------------------- node files
+
+
+def cni_config(spec: RealNodeSpec) -> dict[str, Any]:
+    return {
+        "cniVersion": "0.4.0",
+        "name": "ix-gpu-tier",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": True,
+                "ipMasq": False,  # the host routes pod ranges back: pods keep their addresses
+                "hairpinMode": True,  # a pod reaching itself through a Service
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": spec.pod_cidr, "gateway": spec.pod_gateway}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def containerd_config(spec: RealNodeSpec, pause_image: str) -> str:
+    root = spec.root
+    return f"""version = 2
+root = "{root}/containerd"
+state = "/run/containerd"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{root}/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause_image}"
+  # The sandbox may not raise its own oom_score_adj on this machine (no CAP_SYS_RESOURCE).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+"""
+
+
+def libixml_script(spec: RealNodeSpec) -> str:
+    """The stub libixml's devices for ``spec`` (format in tests/plugin/fake_ixml.c): the product
+    name, then one line per chip, minors from 0."""
+    lines = [f"name {spec.product}"]
+    minor = 0
+    for board in range(spec.boards):
+        for position in range(spec.chips_per_board):
+            uuid = f"GPU-{spec.name}-{board:02d}{position:02d}-0000-4000-8000-000000000000"
+            lines.append(f"{uuid} {minor} {board} {position} 0 32768 {0x8A + minor:x}")
+            minor += 1
+    return "\n".join(lines) + "\n"
+
+
+def write_node_files(spec: RealNodeSpec, pause_image: str) -> None:
+    """The node's directories, configs and driver root (the stub libixml compiled into it)."""
+    root = spec.root
+    if root.exists():
+        shutil.rmtree(root)
+    for sub in (
+        "kubelet/device-plugins",
+        "kubelet/plugins_registry",
+        "pod-logs",
+        "container-logs",
+        "run-containerd",
+        "netns",
+        "cni-state",
+        "cni-conf",
+        "corex/lib64",
+        "sysctl",
+        "devfs",
+        "hostdev",
+        "containerd",
+    ):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    (root / "cni-conf" / "10-ix-gpu-tier.conflist").write_text(json.dumps(cni_config(spec), indent=2))
+    (root / "containerd.toml").write_text(containerd_config(spec, pause_image))
+    for key, value in KUBELET_SYSCTLS.items():
+        (root / "sysctl" / key.replace("/", ".")).write_text(f"{value}\n")
+    corex = root / "corex"
+    (corex / "fake-ixml-devices").write_text(libixml_script(spec))
+    run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(corex / "lib64" / "libixml.so"), str(LIBIXML_SOURCE)])
+
+
+def launcher_script(spec: RealNodeSpec) -> str:
+    """The shell that builds the node's mount namespace (it runs inside a fresh one) and then execs
+    containerd. Paths are bound over, never created, on the host: MOUNT_POINTS exist beforehand."""
+    r = spec.root
+    binds = {
+        f"{r}/kubelet": "/var/lib/kubelet",
+        f"{r}/pod-logs": "/var/log/pods",
+        f"{r}/container-logs": "/var/log/containers",
+        f"{r}/run-containerd": "/run/containerd",
+        f"{r}/netns": "/run/netns",
+        f"{r}/cni-state": "/var/lib/cni",
+        f"{r}/cni-conf": "/etc/cni/net.d",
+        f"{r}/corex": DRIVER_ROOT,
+    }
+    lines = ["set -eu"]
+    lines += [f"mount --bind {source} {target}" for source, target in binds.items()]
+    lines.append(f'for f in {r}/sysctl/*; do mount --bind "$f" "/proc/sys/$(basename "$f" | tr . /)"; done')
+    # /dev: the host's, plus this node's GPU device nodes in an overlay's upper layer.
+    lines += [
+        f"mount --rbind /dev {r}/hostdev",
+        f"mount -t tmpfs -o mode=755 ix-gpu-devfs {r}/devfs",
+        f"mkdir {r}/devfs/upper {r}/devfs/work",
+        f"mount -t overlay ix-gpu-dev -o lowerdir=/dev,upperdir={r}/devfs/upper,workdir={r}/devfs/work /dev",
+        "for m in pts shm mqueue; do",
+        f"    if [ -d {r}/hostdev/$m ]; then mount --rbind {r}/hostdev/$m /dev/$m; fi",
+        "done",
+    ]
+    for minor in range(spec.chips):
+        major, dev_minor = MISC_DEVICES[minor]
+        lines.append(f"mknod -m 666 /dev/iluvatar{minor} c {major} {dev_minor}")
+    lines.append(f"mknod -m 666 /dev/itrctl c {CONTROL_DEVICE[0]} {CONTROL_DEVICE[1]}")
+    lines.append(f"exec containerd --config {r}/containerd.toml --log-level info")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- cgroups
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """The mounted cgroup v1 hierarchies (cgroup v2: the one unified mount)."""
+    out = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] in ("cgroup", "cgroup2"):
+            out.append(Path(fields[1]))
+    return out
+
+
+def make_cgroup_root(name: str) -> None:
+    """``/<name>`` in every hierarchy, cpuset initialised from its parent (v1 needs cpus and mems
+    before a child can hold a task)."""
+    for hierarchy in cgroup_hierarchies():
+        path = hierarchy / name
+        path.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):
+            if (path / knob).exists() and not (path / knob).read_text().strip():
+                (path / knob).write_text((hierarchy / knob).read_text())
+
+
+def cgroup_pids(name: str) -> set[int]:
+    pids: set[int] = set()
+    for hierarchy in cgroup_hierarchies():
+        base = hierarchy / name
+        if not base.exists():
+            continue
+        for procs in base.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in procs.read_text().split())
+    return pids
+
+
+def remove_cgroup_root(name: str) -> None:
+    """Remove ``/<name>`` and everything under it, deepest first (a cgroup is removed with rmdir)."""
+    for hierarchy in cgroup_hierarchies():
+        base = hierarchy / name
+        if not base.exists():
+            continue
+        for path in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        with contextlib.suppress(OSError):
+            base.rmdir()
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def processes_matching(needle: str) -> list[int]:
+    """PIDs whose command line contains ``needle``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                out.append(int(proc.name))
+    return out
+
+
+def kill_all(pids: set[int] | list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclasses.dataclass
+class RealNode:
+    """One real node: its containerd (in the node's mount and network namespaces), kubelet and
+    kube-proxy. ``close()`` stops them and removes everything the node made."""
+
+    spec: RealNodeSpec
+    api: KubeAPI
+    log_dir: Path
+    containerd: Process | None = None
+    kubelet: Process | None = None
+    kube_proxy: Process | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def socket(self) -> Path:
+        return self.spec.root / "containerd.sock"
+
+    def nsenter(self) -> list[str]:
+        """The prefix that runs a command in this node's network and mount namespaces."""
+        assert self.containerd is not None
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.spec.netns}",
+            f"--mount=/proc/{self.containerd.pid}/ns/mnt",
+            "--",
+        ]
+
+    def ctr(self, *args: str) -> str:
+        return run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args])
+
+    def import_image(self, archive: Path) -> None:
+        self.ctr("images", "import", "--no-unpack", str(archive))
+
+    def node(self) -> dict[str, Any] | None:
+        status, body = self.api.request("GET", f"/api/v1/nodes/{self.name}")
+        return body if status == 200 and isinstance(body, dict) else None
+
+    def ready(self) -> bool:
+        conditions = (self.node() or {}).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def close(self) -> None:
+        for process in (self.kube_proxy, self.kubelet):
+            if process is not None:
+                process.stop(grace_s=5)
+        if self.kube_proxy is not None:
+            pass  # the node's iptables go with its network namespace
+        if self.containerd is not None:
+            self.containerd.stop(grace_s=5)
+        # Shims and containers outlive containerd by design: kill them by socket and by cgroup.
+        for _ in range(3):
+            kill_all(processes_matching(f"-address {self.socket}"))
+            kill_all(cgroup_pids(self.spec.netns))
+            time.sleep(0.2)
+        remove_cgroup_root(self.spec.netns)
+        with contextlib.suppress(Exception):
+            self.api.request("DELETE", f"/api/v1/nodes/{self.name}")
+        _quiet(["ip", "netns", "del", self.spec.netns])
+        _quiet(["ip", "route", "del", self.spec.pod_cidr])
+        shutil.rmtree(self.spec.root, ignore_errors=True)
+
+
+def node_kubeconfig(api: KubeAPI, path: Path) -> Path:
+    """The admin kubeconfig, with the apiserver at the host bridge address nodes can reach."""
+    url = f"https://{HOST_ADDRESS}:{api.url.rsplit(':', 1)[1]}"
+    return write_kubeconfig(path, url, api.ca_path, api.token)
+
+
+def kubelet_config(spec: RealNodeSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": spec.address,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": f"unix://{spec.root}/containerd.sock",
+        "failSwapOn": False,
+        "failCgroupV1": False,
+        # containerd 1.6 does not answer the CRI RuntimeConfig call; the kubelet falls back to this.
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"/{spec.netns}",
+        "nodeStatusUpdateFrequency": "2s",
+        "syncFrequency": "10s",
+        "registerNode": True,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+    }
+
+
+def kube_proxy_config(hostname: str, address: str, kubeconfig: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "mode": "iptables",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": hostname,
+        "bindAddress": address,
+        "healthzBindAddress": f"{address}:{KUBE_PROXY_PORTS[1]}",
+        "metricsBindAddress": f"{address}:{KUBE_PROXY_PORTS[0]}",
+        "clusterCIDR": CLUSTER_CIDR,
+        "nodePortAddresses": [f"{address}/32"],
+        # 0: leave the machine's conntrack settings alone.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+    }
+
+
+def start_kube_proxy(
+    binaries: K8sBinaries,
+    name: str,
+    address: str,
+    kubeconfig: Path,
+    work: Path,
+    log_dir: Path,
+    prefix: Sequence[str],
+) -> Process:
+    config = work / f"kube-proxy-{name}.yaml"
+    config.write_text(yaml.safe_dump(kube_proxy_config(name, address, kubeconfig)))
+    return start_process(
+        f"kube-proxy-{name}", [*prefix, str(binaries.kube_proxy), f"--config={config}", "--v=2"], log_dir
+    )
+
+
+def start_real_node(
+    binaries: K8sBinaries,
+    api: KubeAPI,
+    spec: RealNodeSpec,
+    log_dir: Path,
+    images: Sequence[Path],
+    *,
+    pause_image: str,
+    labels: dict[str, str] | None = None,
+) -> RealNode:
+    """Network, containerd (images imported), kubelet and kube-proxy of ``spec``; returns once the
+    kubelet runs (``wait_ready`` waits for the Node)."""
+    node = RealNode(spec=spec, api=api, log_dir=log_dir)
+    try:
+        write_node_files(spec, pause_image)
+        setup_node_network(spec)
+        make_cgroup_root(spec.netns)
+        launcher = spec.root / "launch.sh"
+        launcher.write_text(launcher_script(spec))
+        node.containerd = start_process(
+            f"containerd-{spec.name}",
+            ["nsenter", f"--net=/run/netns/{spec.netns}", "--",
+             "unshare", "--mount", "--propagation", "private", "--", "sh", str(launcher)],
+            log_dir,
+        )  # fmt: skip
+        wait_until(
+            lambda: unix_socket_ready(node.socket),
+            f"containerd of {spec.name}",
+            60,
+            interval=0.1,
+            process=node.containerd,
+        )
+        for archive in images:
+            node.import_image(archive)
+        kubeconfig = node_kubeconfig(api, spec.root / "kubeconfig")
+        config = spec.root / "kubelet-config.yaml"
+        config.write_text(yaml.safe_dump(kubelet_config(spec)))
+        argv = [
+            *node.nsenter(),
+            str(binaries.kubelet),
+            f"--config={config}",
+            f"--kubeconfig={kubeconfig}",
+            f"--cert-dir={spec.root / 'pki'}",
+            f"--hostname-override={spec.name}",
+            f"--node-ip={spec.address}",
+            "--v=2",
+        ]
+        if labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        node.kubelet = start_process(f"kubelet-{spec.name}", argv, log_dir)
+        node.kube_proxy = start_kube_proxy(
+            binaries,
+            spec.name,
+            spec.address,
+            kubeconfig,
+            spec.root,
+            log_dir,
+            ["nsenter", f"--net=/run/netns/{spec.netns}", "--"],
+        )
+    except BaseException:
+        node.close()
+        raise
+    return node
+
+
+def wait_node_ready(node: RealNode, timeout_s: float = 120.0) -> None:
+    assert node.kubelet is not None
+    wait_until(node.ready, f"Node {node.name} Ready", timeout_s, interval=0.25, process=node.kubelet)
+    wait_until(
+        lambda: unix_socket_ready(node.spec.root / "kubelet" / "device-plugins" / "kubelet.sock"),
+        f"the device-plugin registration socket of {node.name}",
+        30,
+        interval=0.25,
+        process=node.kubelet,
+    )
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def leftovers(nodes: Sequence[RealNodeSpec] = REAL_NODES) -> list[str]:
+    """What of a real-node cluster still exists on this machine: processes, network namespaces,
+    links, iptables chains, cgroups, mounts, directories. Empty after a clean ``down``."""
+    found: list[str] = []
+    for needle in ("containerd-shim", str(TIER_ROOT), "kube-proxy-ix", "--config=/var/lib/ix-gpu-tier"):
+        for pid in processes_matching(needle):
+            if pid != os.getpid():
+                found.append(f"process {pid} ({needle})")
+    for spec in nodes:
+        if Path(f"/run/netns/{spec.netns}").exists():
+            found.append(f"network namespace {spec.netns}")
+        if Path(f"/sys/class/net/{spec.netns}").exists():
+            found.append(f"link {spec.netns}")
+        for hierarchy in cgroup_hierarchies():
+            if (hierarchy / spec.netns).exists():
+                found.append(f"cgroup {hierarchy / spec.netns}")
+    if Path(f"/sys/class/net/{HOST_BRIDGE}").exists():
+        found.append(f"bridge {HOST_BRIDGE}")
+    for table in ("filter", "nat"):
+        rules = run(["iptables", "-w", "-t", table, "-S"], check=False)
+        for line in rules.splitlines():
+            if "KUBE-" in line or FILTER_CHAIN in line:
+                found.append(f"iptables -t {table}: {line}")
+                break
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        if str(TIER_ROOT) in line or "ix-gpu-dev" in line:
+            found.append(f"mount {line}")
+    if TIER_ROOT.exists() and any(TIER_ROOT.iterdir()):
+        found.append(f"directory {TIER_ROOT}: {sorted(p.name for p in TIER_ROOT.iterdir())}")
+    return found
+
+
+def ensure_mount_points() -> list[str]:
+    """Create the MOUNT_POINTS the host lacks; returns those created (``remove_mount_points``)."""
+    created = []
+    for path in MOUNT_POINTS:
+        if not Path(path).exists():
+            Path(path).mkdir(parents=True)
+            created.append(path)
+    return created
+
+
+def remove_mount_points(created: Sequence[str]) -> None:
+    for path in reversed(created):
+        with contextlib.suppress(OSError):
+            Path(path).rmdir()
+
+
+# --------------------------------------------------------------------------- the set of nodes
+
+IMAGES_SCRIPT = Path(__file__).resolve().parent / "build-images.sh"
+PACKAGES_SCRIPT = Path(__file__).resolve().parent / "node-packages.sh"
+
+
+@dataclasses.dataclass(frozen=True)
+class Images:
+    """The images build-images.sh made: the pause image's and the project image's references and
+    docker archives."""
+
+    pause_ref: str
+    pause_archive: Path
+    project_ref: str
+    project_repository: str
+    project_tag: str
+    project_archive: Path
+
+
+def build_images() -> Images:
+    """Install the node packages if missing, build (or find cached) the images."""
+    for script in (PACKAGES_SCRIPT, IMAGES_SCRIPT):
+        result = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"tests/k8s/{script.name} failed ({result.returncode}):\n{result.stderr[-6000:]}"
+            )
+        out = result.stdout
+    data = json.loads((Path(out.strip().splitlines()[-1]) / "images.json").read_text())
+    return Images(
+        pause_ref=data["pause"]["ref"],
+        pause_archive=Path(data["pause"]["archive"]),
+        project_ref=data["ix-gpu"]["ref"],
+        project_repository=data["ix-gpu"]["repository"],
+        project_tag=data["ix-gpu"]["tag"],
+        project_archive=Path(data["ix-gpu"]["archive"]),
+    )
+
+
+class RealNodes:
+    """The real nodes of a mini cluster, and the host side they need: ``prepare()`` before the
+    apiserver starts (images, mount points, the host network), ``start()`` once it runs (a
+    kube-proxy for the control plane, then the nodes), ``close()`` removes all of it."""
+
+    def __init__(self, specs: Sequence[RealNodeSpec] = REAL_NODES) -> None:
+        self.specs = tuple(specs)
+        self.nodes: dict[str, RealNode] = {}
+        self.host_proxy: Process | None = None
+        self.images: Images | None = None
+        self.kube_proxy_binary: Path | None = None
+        self._created_mount_points: list[str] = []
+
+    apiserver_args: ClassVar[dict[str, str]] = {
+        "advertise_address": HOST_ADDRESS,
+        "service_cidr": SERVICE_CIDR,
+    }
+
+    def prepare(self) -> Images:
+        self.images = build_images()
+        self._created_mount_points = ensure_mount_points()
+        setup_host_network(self.specs)
+        return self.images
+
+    def start(
+        self, binaries: K8sBinaries, api: KubeAPI, log_dir: Path, labels: dict[str, str] | None = None
+    ) -> dict[str, RealNode]:
+        assert self.images is not None, "prepare() first"
+        self.kube_proxy_binary = binaries.kube_proxy
+        TIER_ROOT.mkdir(parents=True, exist_ok=True)
+        self.host_proxy = start_kube_proxy(
+            binaries, "control-plane", HOST_ADDRESS, api.kubeconfig, TIER_ROOT, log_dir, []
+        )
+        images = (self.images.pause_archive, self.images.project_archive)
+        for spec in self.specs:
+            self.nodes[spec.name] = start_real_node(
+                binaries, api, spec, log_dir, images, pause_image=self.images.pause_ref, labels=labels
+            )
+        for node in self.nodes.values():
+            wait_node_ready(node)
+        return self.nodes
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            with contextlib.suppress(Exception):
+                node.close()
+        self.nodes.clear()
+        if self.host_proxy is not None:
+            self.host_proxy.stop(grace_s=5)
+        cleanup(self.specs, self.kube_proxy_binary)
+        remove_mount_points(self._created_mount_points)
+
+
+def cleanup(specs: Sequence[RealNodeSpec] = REAL_NODES, kube_proxy: Path | None = None) -> None:
+    """Remove whatever a real-node cluster left, idempotently (``down`` after a supervisor died):
+    processes, cgroups, network namespaces and links, the host's kube-proxy rules and filter chain,
+    node directories."""
+    for spec in specs:
+        for _ in range(3):
+            kill_all(processes_matching(f"-address {spec.root}/containerd.sock"))
+            kill_all(processes_matching(f"--config={spec.root}"))
+            kill_all(processes_matching(f"--config {spec.root}"))
+            kill_all(cgroup_pids(spec.netns))
+            time.sleep(0.1)
+        remove_cgroup_root(spec.netns)
+        _quiet(["ip", "route", "del", spec.pod_cidr])
+    kill_all(processes_matching(f"--config={TIER_ROOT}/kube-proxy-"))
+    if kube_proxy is not None and kube_proxy.exists():
+        _quiet([str(kube_proxy), "--cleanup"])  # its chains in the host's iptables
+    teardown_host_network(specs)
+    shutil.rmtree(TIER_ROOT, ignore_errors=True)
