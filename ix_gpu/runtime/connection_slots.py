@@ -10,23 +10,27 @@ connection that is not working on a request holds nothing anyone is waiting for,
 longest-idle one is closed and the newcomer takes its slot. Only when every connection is in the
 middle of a request is the newcomer refused; those are bounded by the servers' own deadlines.
 
-Two refinements:
+Refinements:
 
 - **Per client address.** One address may hold at most ``max_per_address`` slots; past that its
   own longest-idle connection makes room. One squatting pod then cannot fill the server even with
   busy connections, whatever the total cap is.
-- **Recently used connections are kept.** A connection is evictable only once it has been idle for
-  ``evict_after`` seconds. A keep-alive client (Go's transport, the apiserver's) reuses its most
-  recently used connection first, so a connection idle a moment ago is the one likely to carry the
-  next request, and closing it while that request is on its way fails the request; one idle for
-  seconds is a spare the client rarely picks. Servers that answer one request per connection have
-  no such race and use 0.
+- **Recently used connections are kept.** A connection that has served a request is evictable
+  only once it has been idle ``evict_after`` seconds. A keep-alive client (Go's transport, the
+  apiserver's) reuses its most recently used connection first, so one idle a moment ago is the one
+  likely to carry the next request, and closing it while that request is on its way fails the
+  request; one idle for seconds is a spare the client rarely picks.
+- **Connections that never sent a request are not kept.** A real client sends its first request
+  as soon as its handshake is done, so a connection still without one has no such race and is
+  evictable at once; it ranks as idle ``evict_after`` longer than it has been. (Giving it the same
+  grace let a client that reconnects each evicted connection at once keep all of its connections
+  younger than the grace, and so keep every slot of its address: 87 of 99 new clients refused.)
+- **Closing connections go first** (their answer said ``Connection: close``, or a TLS shutdown is
+  waiting on the client): nothing more will be served on them.
 
-"Idle" means no request is being served: from the connection's start, or from the end of its last
+"Idle" means no request is being served: from the connection's start, from the end of its last
 answer, or from the first byte of a request whose headers are not complete yet (a client trickling
-headers holds nothing the server is working on; the header deadline ends it anyway). A connection
-that is closing (its answer said ``Connection: close``, a TLS shutdown waiting on the client) is
-evicted first, whatever its age.
+headers holds nothing the server is working on; the header deadline ends it anyway).
 
 Single-threaded by design: every call comes from the event loop that owns the connections.
 """
@@ -52,6 +56,21 @@ class Evictable(Protocol):
         """Close the connection now, without an answer (it is idle: nobody is waiting for one)."""
 
 
+class _Idle:
+    """The idle connections of one scope (the server, or one address), oldest first: those that
+    never served a request (and closing ones, in front) and those that did."""
+
+    __slots__ = ("fresh", "used")
+
+    def __init__(self) -> None:
+        self.fresh: OrderedDict[Evictable, float] = OrderedDict()
+        self.used: OrderedDict[Evictable, float] = OrderedDict()
+
+    def discard(self, conn: Evictable) -> None:
+        self.fresh.pop(conn, None)
+        self.used.pop(conn, None)
+
+
 class ConnectionSlots:
     """The connections of one server: how many, from which address, which are idle since when."""
 
@@ -70,75 +89,105 @@ class ConnectionSlots:
         self._on_evict = on_evict
         self._clock = clock
         self._address: dict[Evictable, str] = {}
-        self._count: dict[str, int] = {}
-        # Insertion order is idle order: the first entry has been idle longest (or is closing).
-        self._idle: OrderedDict[Evictable, float] = OrderedDict()
-        self._idle_by_address: dict[str, OrderedDict[Evictable, float]] = {}
+        self._counts: dict[str, int] = {}
+        self._idle = _Idle()
+        self._idle_by_address: dict[str, _Idle] = {}
 
     def __len__(self) -> int:
         return len(self._address)
 
     def count(self, address: str) -> int:
-        return self._count.get(address, 0)
+        return self._counts.get(address, 0)
 
     def admit(self, conn: Evictable, address: str) -> str | None:
         """Give ``conn`` (from ``address``) a slot, evicting an idle connection if that is what it
-        takes; None when admitted (as idle), else the refusal reason (the caller closes ``conn``)."""
-        if self._count.get(address, 0) >= self.max_per_address and not self._evict_oldest(
-            self._idle_by_address.get(address)
-        ):
-            return REFUSED_ADDRESS
-        if len(self._address) >= self.max_connections and not self._evict_oldest(self._idle):
+        takes; None when admitted (as idle, without a request yet), else the refusal reason (the
+        caller closes ``conn``)."""
+        if self.count(address) >= self.max_per_address and not self._evict(self._idle_by_address[address]):
+            # Named after the total cap when the server had no room for anyone either.
+            full = len(self._address) >= self.max_connections and self._victim(self._idle) is None
+            return REFUSED_TOTAL if full else REFUSED_ADDRESS
+        if len(self._address) >= self.max_connections and not self._evict(self._idle):
             return REFUSED_TOTAL
         self._address[conn] = address
-        self._count[address] = self._count.get(address, 0) + 1
-        self.idle(conn)
+        self._counts[address] = self._counts.get(address, 0) + 1
+        now = self._clock()
+        for scope in self._scopes(address):
+            scope.fresh[conn] = now
         return None
 
+    def active(self, conn: Evictable) -> None:
+        """A request of ``conn``'s has begun to arrive: a used connection counts as idle from now
+        (a fresh one keeps its age: a real client's first request is never slow to come)."""
+        address = self._address.get(conn)
+        if address is not None and conn in self._idle.used:
+            self._mark(conn, address, self._clock(), used=True)
+
     def idle(self, conn: Evictable) -> None:
-        """``conn`` is serving no request from now on (or a request of its has just begun to arrive)."""
-        self._mark(conn, self._clock(), last=True)
+        """``conn`` has answered a request and serves none now."""
+        address = self._address.get(conn)
+        if address is not None:
+            self._mark(conn, address, self._clock(), used=True)
 
     def closing(self, conn: Evictable) -> None:
         """``conn`` will serve nothing more: it is the first to make room."""
-        self._mark(conn, _CLOSING, last=False)
+        address = self._address.get(conn)
+        if address is not None:
+            self._mark(conn, address, _CLOSING, used=False)
 
     def busy(self, conn: Evictable) -> None:
         """``conn`` is serving a request: it keeps its slot until :meth:`idle` or :meth:`release`."""
         address = self._address.get(conn)
         if address is not None:
-            self._idle.pop(conn, None)
-            self._idle_by_address[address].pop(conn, None)
+            for scope in self._scopes(address):
+                scope.discard(conn)
 
     def release(self, conn: Evictable) -> None:
         """``conn`` is gone; calling this again, or for a connection never admitted, does nothing."""
         address = self._address.pop(conn, None)
         if address is None:
             return
-        self._idle.pop(conn, None)
-        idle_here = self._idle_by_address[address]
-        idle_here.pop(conn, None)
-        left = self._count[address] - 1
+        for scope in self._scopes(address):
+            scope.discard(conn)
+        left = self._counts[address] - 1
         if left:
-            self._count[address] = left
+            self._counts[address] = left
         else:  # addresses come and go: keep no entry for one that has no connection
-            del self._count[address]
+            del self._counts[address]
             del self._idle_by_address[address]
 
-    def _mark(self, conn: Evictable, since: float, *, last: bool) -> None:
-        address = self._address.get(conn)
-        if address is None:
-            return
-        for idle in (self._idle, self._idle_by_address.setdefault(address, OrderedDict())):
-            idle[conn] = since
-            idle.move_to_end(conn, last=last)
+    def _scopes(self, address: str) -> tuple[_Idle, _Idle]:
+        here = self._idle_by_address.get(address)
+        if here is None:
+            here = self._idle_by_address[address] = _Idle()
+        return self._idle, here
 
-    def _evict_oldest(self, idle: OrderedDict[Evictable, float] | None) -> bool:
-        """Close the longest-idle connection of ``idle`` if it has been idle long enough."""
-        if not idle:
-            return False
-        victim, since = next(iter(idle.items()))
-        if self._clock() - since < self.evict_after:
+    def _mark(self, conn: Evictable, address: str, since: float, *, used: bool) -> None:
+        for scope in self._scopes(address):
+            scope.discard(conn)
+            if used:
+                scope.used[conn] = since
+            else:
+                scope.fresh[conn] = since
+                scope.fresh.move_to_end(conn, last=False)
+
+    def _victim(self, scope: _Idle) -> Evictable | None:
+        """The connection of ``scope`` to close for a newcomer, if any may be: the one idle longest,
+        a fresh one counted as idle ``evict_after`` longer, a used one only past ``evict_after``."""
+        now = self._clock()
+        victim, longest = None, -1.0
+        if scope.fresh:
+            conn, since = next(iter(scope.fresh.items()))
+            victim, longest = conn, now - since + self.evict_after
+        if scope.used:
+            conn, since = next(iter(scope.used.items()))
+            if now - since >= self.evict_after and now - since > longest:
+                victim = conn
+        return victim
+
+    def _evict(self, scope: _Idle) -> bool:
+        victim = self._victim(scope)
+        if victim is None:
             return False
         self.release(victim)
         victim.evict()

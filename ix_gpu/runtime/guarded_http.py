@@ -36,6 +36,7 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from ix_gpu.runtime.connection_slots import ConnectionSlots
 
@@ -90,7 +91,8 @@ class _Connection(asyncio.Protocol):
         self._answered = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # A stream transport (asyncio's or uvloop's, which does not subclass asyncio.Transport).
+        transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         refusal = self._server.slots.admit(self, address)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+import uvloop
 
 from ix_gpu.plugin.server.http_endpoints import start_http_server
 from ix_gpu.plugin.server.metrics import CONTENT_TYPE, PluginMetrics
@@ -40,11 +41,12 @@ class FakePlugin:
 
 
 class Endpoint:
-    """The plugin's HTTP server on 127.0.0.1, on an event loop of its own thread."""
+    """The plugin's HTTP server on 127.0.0.1, on an event loop of its own thread: asyncio's, as in
+    the plugin, or uvloop's, as in the webhook (its probe port), whose transports differ."""
 
-    def __init__(self, limits: HttpLimits) -> None:
+    def __init__(self, limits: HttpLimits, loop: str) -> None:
         self.plugin = FakePlugin()
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(
@@ -80,10 +82,15 @@ class Endpoint:
         self.loop.close()
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @contextlib.contextmanager
-def served(caplog: pytest.LogCaptureFixture, limits: HttpLimits) -> Iterator[Endpoint]:
+def served(caplog: pytest.LogCaptureFixture, limits: HttpLimits, loop: str) -> Iterator[Endpoint]:
     caplog.set_level(logging.INFO)
-    endpoint = Endpoint(limits)
+    endpoint = Endpoint(limits, loop)
     try:
         yield endpoint
     finally:
@@ -94,15 +101,15 @@ def served(caplog: pytest.LogCaptureFixture, limits: HttpLimits) -> Iterator[End
 
 
 @pytest.fixture
-def endpoint(caplog: pytest.LogCaptureFixture) -> Iterator[Endpoint]:
-    with served(caplog, LIMITS) as endpoint:
+def endpoint(caplog: pytest.LogCaptureFixture, loop_kind: str) -> Iterator[Endpoint]:
+    with served(caplog, LIMITS, loop_kind) as endpoint:
         yield endpoint
 
 
 @pytest.fixture
-def patient_endpoint(caplog: pytest.LogCaptureFixture) -> Iterator[Endpoint]:
+def patient_endpoint(caplog: pytest.LogCaptureFixture, loop_kind: str) -> Iterator[Endpoint]:
     """A head deadline long enough that only evictions close the silent connections."""
-    with served(caplog, replace(LIMITS, header_timeout=30)) as endpoint:
+    with served(caplog, replace(LIMITS, header_timeout=30), loop_kind) as endpoint:
         yield endpoint
 
 
