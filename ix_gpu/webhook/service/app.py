@@ -180,6 +180,17 @@ class AdmissionLane:
             self._inflight.release(sum(held))
 
 
+HEALTHZ_BODY = b'{"status":"ok"}'
+"""Alive: the event loop answers. Nothing else is checked, so a liveness probe never restarts a pod
+that is merely waiting for the API server. (Also served on the probe port, :mod:`.server`.)"""
+
+
+def readyz_answer(readiness: Readiness) -> tuple[int, bytes]:
+    """``/readyz``'s status and JSON body, on the HTTPS port and on the probe port alike."""
+    ready, details = readiness()
+    return (200 if ready else 503), orjson.dumps({"ready": ready, **details})
+
+
 def create_app(
     handler: AdmissionHandler,
     metrics: ServiceMetrics,
@@ -194,16 +205,12 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        """Alive: the event loop answers. Nothing else is checked, so a liveness probe never
-        restarts a pod that is merely waiting for the API server."""
-        return Response(b'{"status":"ok"}', media_type=JSON)
+        return Response(HEALTHZ_BODY, media_type=JSON)
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        ready, details = readiness()
-        return Response(
-            orjson.dumps({"ready": ready, **details}), status_code=200 if ready else 503, media_type=JSON
-        )
+        status, body = readyz_answer(readiness)
+        return Response(body, status_code=status, media_type=JSON)
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:

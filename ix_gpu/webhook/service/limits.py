@@ -4,9 +4,13 @@ in flight, and CPU time on the event loop.
 The webhook serves every Pod create of the cluster with ``failurePolicy: Fail`` and one event loop,
 so one careless or hostile client must not be able to stall or bloat it:
 
-- **Connections** past ``max_connections`` are closed as soon as they are made (after the TLS
-  handshake, which asyncio bounds at 60 s). Idle keep-alive connections are closed by uvicorn after
-  its keep-alive timeout.
+- **Connections** are capped at ``max_connections``, ``max_connections_per_address`` of them from
+  one client address. At a cap the newcomer takes the slot of the connection idle longest (at least
+  ``evict_idle_after`` seconds), which is closed; only when none is idle is the newcomer closed as
+  soon as it is made (after the TLS handshake, which asyncio bounds at 60 s). Refusing every
+  newcomer at the cap let one client that kept 128 connections busy with a request each 20 s lock
+  out the apiserver and the kubelet's probes (:mod:`ix_gpu.runtime.connection_slots`). Idle
+  keep-alive connections are also closed by uvicorn after its keep-alive timeout.
 - **Headers** must be complete within ``header_timeout`` seconds of the connection (or of the
   request's first byte) and within ``max_header_bytes``: uvicorn bounds neither, so a client
   sending one header byte a second, or 128 MiB of headers, held a connection and its memory.
@@ -35,6 +39,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ix_gpu.runtime.connection_slots import ConnectionSlots
 from ix_gpu.webhook.service.limit_settings import Limits as Limits  # re-exported
 
 log = logging.getLogger("ix_gpu.webhook")
@@ -276,12 +281,21 @@ FREED_MEMORY = FreedMemory()
 """One per process: the heap it trims is the process's."""
 
 
-def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[asyncio.Protocol]:
+def guarded_protocol(
+    limits: Limits, on_refused: Callable[[str], None], on_evicted: Callable[[], None] = lambda: None
+) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with a connection cap and header size and time limits.
 
     (uvicorn is imported here, not at the top: the CLI reads :class:`Limits` for ``--help``.)
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    slots = ConnectionSlots(
+        limits.max_connections,
+        limits.max_connections_per_address,
+        limits.evict_idle_after,
+        on_evict=on_evicted,
+    )
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
@@ -290,9 +304,15 @@ def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[
         _over = False
         """This request's headers went past the limit: stop keeping them, answer 431."""
 
+        # The slot's state follows the requests: idle (evictable) from the connection's start, from
+        # the end of each answer and while a request's headers arrive (not the server's work yet);
+        # busy from complete headers to the end of the answer; closing once nothing more will be
+        # served on it (a TLS shutdown can wait on the client for a while).
         def connection_made(self, transport: Any) -> None:
-            if len(self.connections) >= limits.max_connections:
-                on_refused("connections")
+            peer = transport.get_extra_info("peername")
+            refusal = slots.admit(self, str(peer[0]) if peer else "")
+            if refusal is not None:
+                on_refused(refusal)
                 transport.abort()
                 return
             super().connection_made(transport)
@@ -303,8 +323,14 @@ def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[
                 transport.set_read_buffer_limits(high=limits.tls_read_buffer_bytes)
             self._arm_header_timer()
 
+        def evict(self) -> None:
+            """Idle, so nobody waits for an answer; aborted rather than closed, so that its memory
+            goes now and not after a TLS shutdown the client may never complete."""
+            self.transport.abort()
+
         def connection_lost(self, exc: Exception | None) -> None:
             FREED_MEMORY.note()
+            slots.release(self)
             self._disarm_header_timer()
             if self.transport is None:  # refused in connection_made: nothing of uvicorn's to undo
                 return
@@ -320,6 +346,8 @@ def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[
         # Header bytes are counted in the parser's callbacks, whatever the reads look like: one
         # read may hold a whole request (or several), and a request may start mid-read.
         def on_message_begin(self) -> None:
+            if self.cycle is None or self.cycle.response_complete:  # not a pipelined request
+                slots.active(self)
             super().on_message_begin()
             self._in_headers, self._header_bytes, self._over = True, 0, False
             if self._header_timer is None:
@@ -339,6 +367,7 @@ def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[
             if self._over:
                 self._refuse_headers()
                 return
+            slots.busy(self)
             super().on_headers_complete()
 
         def on_body(self, body: bytes) -> None:
@@ -352,9 +381,12 @@ def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self.transport.is_closing():
+                slots.closing(self)
                 # Answered and closing (a refusal, often before the body was read): what the
                 # client still sends is not wanted, so stop decrypting it into memory.
                 self.transport.pause_reading()
+            elif self.timeout_keep_alive_task is not None:  # else a pipelined request is served
+                slots.idle(self)
             # The next request's headers count from their first byte; until then uvicorn's
             # keep-alive timeout governs the idle connection.
             self._in_headers = True
@@ -386,8 +418,17 @@ def guarded_protocol(limits: Limits, on_refused: Callable[[str], None]) -> type[
                 on_refused("header_timeout")
                 self._refuse(b"408 Request Timeout")
 
+        def timeout_keep_alive_handler(self) -> None:
+            super().timeout_keep_alive_handler()
+            slots.closing(self)
+
+        def send_400_response(self, msg: str) -> None:
+            super().send_400_response(msg)
+            slots.closing(self)
+
         def _refuse(self, status: bytes) -> None:
             self._disarm_header_timer()
+            slots.closing(self)
             body = b'{"error":"' + status.split(b" ", 1)[1] + b'"}'
             self.transport.write(
                 b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"

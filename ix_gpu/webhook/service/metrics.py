@@ -69,8 +69,14 @@ class ServiceMetrics:
         )
         self.connections_refused = Counter(
             "ix_gpu_connections_refused",
-            "Connections closed by a limit, by reason: connections, header_size, header_timeout",
+            "Connections closed by a limit, by reason: connections, connections_per_address, "
+            "header_size, header_timeout, request_line",
             ("reason",),
+            registry=self.registry,
+        )
+        self.connections_evicted = Counter(
+            "ix_gpu_connections_evicted",
+            "Idle connections closed to make room for a new one at the connection cap",
             registry=self.registry,
         )
         self.unchecked_pod_security = Counter(

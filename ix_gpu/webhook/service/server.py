@@ -7,6 +7,11 @@ every Pod create in the cluster instead of failing one rollout.
 
 The listening socket is bound here rather than by uvicorn so an address in use is a one-line
 startup error, and so ``--port 0`` can report the port it got (the tests rely on that).
+
+With ``--probe-port``, ``/healthz`` and ``/readyz`` are also served over plain HTTP on a port of
+their own (:mod:`ix_gpu.runtime.guarded_http`), for the kubelet's probes: they then never wait
+behind the HTTPS port's connection cap or a TLS handshake, and the probe port's own cap makes room
+for each new connection by closing the oldest, so a client holding connections cannot fail them.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from ix_gpu.devicemodel.schema_base import ConfigError, parse_yaml
 from ix_gpu.devicemodel.text import one_line
 from ix_gpu.devicemodel.webhook_config import WebhookConfig, default_config
 from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
+from ix_gpu.runtime.guarded_http import Answer, HttpLimits, Route, start_guarded_http
 from ix_gpu.runtime.kube import in_cluster
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
+from ix_gpu.webhook.service.app import HEALTHZ_BODY, JSON, Readiness, readyz_answer
 from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
 from ix_gpu.webhook.service.draining import Drain, DrainingServer
 from ix_gpu.webhook.service.hot_reload import (
@@ -73,6 +80,7 @@ class ServiceOptions:
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
     shutdown_delay: float = 5.0
+    probe_port: int | None = None
 
 
 @dataclass
@@ -85,13 +93,36 @@ class Service:
     namespaces: NamespaceSource
     metrics: ServiceMetrics
     drain: Drain
+    readiness: Readiness
     pollers: list[Any] = field(default_factory=list)
+    probe_sock: socket.socket | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        shown = f"[{host}]" if ":" in host else host
-        return f"https://{shown}:{port}"
+        return _url("https", self.sock)
+
+    @property
+    def probe_url(self) -> str | None:
+        return None if self.probe_sock is None else _url("http", self.probe_sock)
+
+
+def _url(scheme: str, sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
+
+
+def probe_routes(readiness: Readiness) -> dict[str, Route]:
+    """The probe port's endpoints: the same answers as the HTTPS port's."""
+
+    def healthz() -> Answer:
+        return 200, JSON, HEALTHZ_BODY
+
+    def readyz() -> Answer:
+        status, body = readyz_answer(readiness)
+        return status, JSON, body
+
+    return {"/healthz": healthz, "/readyz": readyz}
 
 
 def ensure_certificates(cert_dir: Path) -> tuple[Path, Path]:
@@ -202,7 +233,10 @@ def prepare(options: ServiceOptions) -> Service:
         closing=lambda: drain.active,
     )
     sock = _bind(options.host, options.port)
-    return Service(options, app, context, sock, live, namespaces, metrics, drain, pollers)
+    probe_sock = None if options.probe_port is None else _bind(options.host, options.probe_port)
+    return Service(
+        options, app, context, sock, live, namespaces, metrics, drain, readiness, pollers, probe_sock
+    )
 
 
 async def serve(service: Service) -> None:
@@ -210,9 +244,13 @@ async def serve(service: Service) -> None:
 
     fix_malloc_mmap_threshold()
     refused = service.metrics.connections_refused
+
+    def on_refused(reason: str) -> None:
+        refused.labels(reason).inc()
+
     config = uvicorn.Config(
         service.app,
-        http=guarded_protocol(service.options.limits, lambda reason: refused.labels(reason).inc()),
+        http=guarded_protocol(service.options.limits, on_refused, service.metrics.connections_evicted.inc),
         lifespan="off",
         log_config=None,
         access_log=False,
@@ -226,6 +264,14 @@ async def serve(service: Service) -> None:
     )
     config.load()  # imports the protocol classes now, so that they are frozen with the rest
     server = DrainingServer(config, service.drain)
+    probes = None
+    if service.probe_sock is not None:
+        probes = await start_guarded_http(
+            probe_routes(service.readiness),
+            service.probe_sock,
+            limits=HttpLimits(header_timeout=service.options.limits.header_timeout),
+            on_refused=on_refused,
+        )
     frozen = freeze_startup_heap()
     service.namespaces.start()
     reloads = asyncio.create_task(poll_forever(service.options.reload_interval, service.pollers))
@@ -235,6 +281,7 @@ async def serve(service: Service) -> None:
         extra={
             "fields": {
                 "url": service.url + "/mutate",
+                "probes": service.probe_url,
                 "config": service.live_config.source,
                 "digest": service.live_config.current.digest,
                 "namespaces": service.namespaces.mode,
@@ -248,6 +295,8 @@ async def serve(service: Service) -> None:
         reloads.cancel()
         trims.cancel()
         service.namespaces.stop()
+        if probes is not None:
+            probes.close()
 
 
 def run_service(options: ServiceOptions) -> int:

@@ -67,6 +67,14 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--port", default=8443, type=port_number, metavar="N", help="port (default: 8443; 0 picks a free one)"
     )
     webhook.add_argument(
+        "--probe-port",
+        type=port_number,
+        metavar="N",
+        help="also serve /healthz and /readyz over plain HTTP on this port of --host, for the "
+        "kubelet's probes; its connections are capped apart from the HTTPS port's (default: none; "
+        "0 picks a free one)",
+    )
+    webhook.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="kubeconfig for namespace lookups (default: in a Pod its service account, else none)",
@@ -105,7 +113,17 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=_positive_int,
         default=defaults.max_connections,
         metavar="N",
-        help=f"open connections at most; more are closed at once (default: {defaults.max_connections})",
+        help="open connections at most; at the cap the connection idle longest (at least "
+        f"{defaults.evict_idle_after:g} s) is closed to make room, and a new one is closed at once only "
+        f"when none is idle (default: {defaults.max_connections})",
+    )
+    limits.add_argument(
+        "--max-connections-per-address",
+        type=_positive_int,
+        default=defaults.max_connections_per_address,
+        metavar="N",
+        help="open connections from one client address at most, with the same rule "
+        f"(default: {defaults.max_connections_per_address})",
     )
     limits.add_argument(
         "--header-timeout",
@@ -154,8 +172,10 @@ def _run_webhook(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
         log_level=args.log_level,
         shutdown_delay=args.shutdown_delay,
+        probe_port=args.probe_port,
         limits=Limits(
             max_connections=args.max_connections,
+            max_connections_per_address=args.max_connections_per_address,
             header_timeout=args.header_timeout,
             max_inflight_body_bytes=args.max_inflight_mib << 20,
             request_budget=args.request_budget,
