@@ -4,9 +4,12 @@
 #   1. installs the project and its dev extras into .venv from pyproject.toml;
 #   2. lint (ruff) and type checks (mypy --strict, configured in pyproject.toml);
 #   3. builds the real-Kubernetes tier from the Go module proxy into ~/.cache/ix-gpu (a no-op when
-#      cached): the 1.35.4 tier (~13 min cold on 2 cores), the 1.37.2 mini-cluster set (~17 min
-#      cold) and helm v4.3.1 (~5 min cold);
-#   4. runs pytest with that tier switched on (IX_GPU_K8S=1). Extra arguments go to pytest.
+#      cached): the 1.35.4 tier (~13 min cold on 2 cores), the 1.37.2 mini-cluster set with
+#      kube-proxy (~17 min cold) and helm v4.3.1 (~5 min cold);
+#   4. for the real-node tier (as root): installs containerd, runc, the CNI plugins, iptables,
+#      buildah and mmdebstrap from Debian's packages, and builds the images its pods run (a local
+#      Debian base, the pause image, the project's Dockerfile; ~3 min cold, cached by content hash);
+#   5. runs pytest with that tier switched on (IX_GPU_K8S=1). Extra arguments go to pytest.
 #
 # For a quick local loop without the real-Kubernetes tier: .venv/bin/pytest -m "not k8s"
 set -euo pipefail
@@ -30,6 +33,11 @@ step "build the real-Kubernetes tier"
 bash tests/k8s/build.sh >/dev/null                                 # 1.35.4: apiserver, kubelet, harness
 IX_K8S_VERSION=v1.37.2 bash tests/k8s/build.sh cluster >/dev/null  # the mini cluster (test_mini_cluster)
 bash tests/k8s/build-helm.sh >/dev/null                            # helm v4.3.1
+if [[ $EUID -eq 0 ]]; then
+    step "the real-node tier's packages and images"
+    bash tests/k8s/node-packages.sh
+    bash tests/k8s/build-images.sh >/dev/null
+fi
 
 step "pytest"
 export IX_GPU_K8S=1

@@ -59,10 +59,10 @@ from tests.k8s.k8s_tier import (
     start_kube_apiserver,
     start_kubelet_node,
 )
-from tests.k8s.real_nodes import RealNode, RealNodes
+from tests.k8s.real_nodes import Images, RealNode, RealNodes
 from tests.support.cli import ix_gpu
 from tests.support.net import free_port
-from tests.support.paths import ROOT
+from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.plugin_process import PluginProcess
 from tests.support.processes import Process, start_process
 from tests.support.waiting import wait_until
@@ -813,6 +813,33 @@ def chart_values(
     }
 
 
+def real_node_chart_values(images: Images, scenario: bool = False) -> dict[str, Any]:
+    """Values for charts/ix-gpu on the real-node cluster: the image built here and the nodes'
+    driver root (``plugin.driver.root`` and the Iluvatar profile's hostPath), which any cluster
+    whose image or driver lives elsewhere sets too; nothing else. ``scenario``: also the
+    Iluvatar plugin's ConfigMap (8 GPUs a node) and the tf-operator discussion's NVIDIA profile
+    with its privileged namespace, as the tests install it."""
+    config: dict[str, Any] = yaml.safe_load(ix_gpu("config", "default", check=True).stdout)
+    (iluvatar,) = [p for p in config["profiles"] if p["name"] == "iluvatar"]
+    for volume in iluvatar["volumes"]:
+        if volume["hostPath"] == "/usr/local/corex":
+            volume["hostPath"] = real_nodes.DRIVER_ROOT
+    values: dict[str, Any] = {
+        "image": {"repository": images.project_repository, "tag": images.project_tag},
+        "plugin": {"driver": {"root": real_nodes.DRIVER_ROOT}},
+        "config": {"profiles": config["profiles"]},
+    }
+    if scenario:
+        seed = load_yaml(EXAMPLES / "seed-config.yaml")
+        values["config"]["profiles"] = [iluvatar, *seed["profiles"]]
+        values["config"]["policy"] = {
+            **config["policy"],
+            **{"privilegedNamespaces": seed["policy"]["privilegedNamespaces"]},
+        }
+        values["plugin"]["config"] = yaml.safe_load(SEED_004_CONFIG)
+    return values
+
+
 def write_chart_inputs(work_dir: Path, nodes: tuple[NodeSpec, ...]) -> tuple[Path, Path]:
     """Each node's fake devices file (``work_dir/fake-devices/<node>.yaml``) and a driver root
     with a ``lib64`` (``work_dir/corex``): what :func:`chart_values` points the chart at."""
@@ -840,6 +867,7 @@ def serve(
     webhook: bool = False,
     plugin_mode: str = "process",
     node_ip: str = "127.0.0.1",
+    runtime: str = "fake-cri",
 ) -> int:
     """The supervisor: start the cluster, record it, hold it until SIGTERM/SIGINT, then stop it."""
     stop = threading.Event()
@@ -851,8 +879,9 @@ def serve(
         plugin_config=plugin_config,
         plugin_mode=plugin_mode,
         node_ip=node_ip,
+        runtime=runtime,
     )
-    state: dict[str, Any] = {"supervisor": os.getpid(), "status": "starting"}
+    state: dict[str, Any] = {"supervisor": os.getpid(), "status": "starting", "runtime": runtime}
     _write_state(work_dir, state)
     try:
         cluster.start()
@@ -881,6 +910,7 @@ def up(
     webhook: bool = False,
     plugin_mode: str = "process",
     node_ip: str = "127.0.0.1",
+    runtime: str = "fake-cri",
 ) -> int:
     state = _read_state(work_dir)
     if state and state.get("status") in ("starting", "running") and _alive(int(state["supervisor"])):
@@ -900,7 +930,7 @@ def up(
         args.append("--no-plugins")
     if webhook:
         args.append("--webhook")
-    args += ["--plugin-mode", plugin_mode, "--node-ip", node_ip]
+    args += ["--plugin-mode", plugin_mode, "--node-ip", node_ip, "--runtime", runtime]
     (work_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(work_dir / "logs" / "supervisor.log", "ab") as log:
         supervisor = subprocess.Popen(
@@ -990,6 +1020,14 @@ def main(argv: list[str] | None = None) -> int:
                 help="the plugin as a host process per node, or as DaemonSet pods (run by the kubelets)",
             )
             p.add_argument(
+                "--runtime",
+                choices=("fake-cri", "containerd"),
+                default="fake-cri",
+                help="fake-cri: pods are host processes, each node runs the plugin (the fast tier); "
+                "containerd: real containers on real nodes with CNI and kube-proxy, no ix-gpu component "
+                "(`helm install` with the values `chart-values` prints)",
+            )
+            p.add_argument(
                 "--node-ip",
                 default="127.0.0.1",
                 help="the kubelets' address and the Nodes' InternalIP; `host`: this machine's first global "
@@ -1003,17 +1041,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("up", "serve"):
         config = (
             None
-            if args.no_plugins
+            if args.no_plugins or args.runtime == "containerd"
             else (args.plugin_config.read_text() if args.plugin_config else SEED_004_CONFIG)
         )
+        if args.runtime == "containerd" and (args.webhook or args.plugin_config):
+            parser.error("--runtime containerd starts no ix-gpu component: the chart installs them")
         node_ip = args.node_ip
         if node_ip == "host":
             node_ip = host_address()
             if node_ip is None:
                 parser.error("--node-ip host: this machine has no global IPv4 address")
         if args.command == "up":
-            return up(work_dir, config, args.timeout, args.webhook, args.plugin_mode, node_ip)
-        return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip)
+            return up(work_dir, config, args.timeout, args.webhook, args.plugin_mode, node_ip, args.runtime)
+        return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip, args.runtime)
     if args.command == "down":
         return down(work_dir)
     state = _read_state(work_dir)
@@ -1021,6 +1061,12 @@ def main(argv: list[str] | None = None) -> int:
         if not state or state.get("status") != "running":
             print(f"no running cluster in {work_dir}", file=sys.stderr)
             return 1
+        if state.get("runtime") == "containerd":
+            images = Images(
+                **{k: Path(v) if k.endswith("archive") else v for k, v in state["images"].items()}
+            )
+            print(yaml.safe_dump(real_node_chart_values(images), sort_keys=False), end="")
+            return 0
         devices, driver_root = write_chart_inputs(work_dir, node_specs(CLI_CIDR_OCTET))
         values = chart_values(str(state["apiserver"]), devices, driver_root, free_port())
         print(yaml.safe_dump(values, sort_keys=False), end="")

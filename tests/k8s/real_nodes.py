@@ -426,7 +426,28 @@ class RealNode:
         return run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args])
 
     def import_image(self, archive: Path) -> None:
-        self.ctr("images", "import", "--no-unpack", str(archive))
+        self.ctr("images", "import", str(archive))
+
+    def run_in_image(self, image: str, argv: Sequence[str]) -> str:
+        """Run ``argv`` in a container of ``image`` on this node's containerd (not through the
+        kubelet), as ``docker run --rm`` would; its output. The container's cgroup is under the
+        node's root, so nothing is left on the host."""
+        name = f"check-{os.getpid()}-{time.monotonic_ns()}"
+        return run(
+            [
+                *self.nsenter(),
+                "ctr", "--address", str(self.socket), "--namespace", "k8s.io",
+                "run", "--rm", f"--cgroup=/{self.spec.netns}/{name}", image, name, *argv,
+            ]
+        )  # fmt: skip
+
+    def image_size(self, image: str) -> str:
+        """The size containerd lists for ``image`` (its compressed layers)."""
+        for line in self.ctr("images", "ls").splitlines():
+            fields = line.split()
+            if fields and fields[0] == image:
+                return " ".join(fields[3:5])
+        raise LookupError(image)
 
     def node(self) -> dict[str, Any] | None:
         status, body = self.api.request("GET", f"/api/v1/nodes/{self.name}")

@@ -1,0 +1,444 @@
+"""The chart as a user installs it, on real nodes: the project's image built from its Dockerfile,
+real containers (containerd and runc), CNI pod networking and kube-proxy (tests/k8s/real_nodes.py).
+
+One cluster for the module (``MiniCluster(runtime="containerd")``, Kubernetes v1.37.2): ``gpu-a``
+with two BI-V150 boards of two chips, ``gpu-b`` with two single-chip BI-V100 boards, each GPU a
+real character device and the driver root holding the stub libixml. The chart's DaemonSet runs
+the plugin's ``ixml`` backend inside the image: it loads libixml from the driver root it mounts.
+
+``helm install`` gets the values that adapt the chart to this cluster, which a real cluster needs
+too, and the scenario's own choices; nothing else (``cluster.real_node_chart_values``):
+
+- ``image.repository``/``image.tag``: the image built here (no registry), as a user names theirs;
+- ``plugin.driver.root`` and the Iluvatar profile's driver ``hostPath``: where this cluster's
+  nodes have the driver (a real node's could be /usr/local/corex, the default);
+- ``plugin.config``: the Iluvatar plugin's ConfigMap from its README (splitboard false,
+  replicas 4: 8 GPUs a node); ``config``: the built-in Iluvatar profile beside the tf-operator
+  discussion's NVIDIA profile and its privileged namespace ``ml-team``.
+
+The tests share the release and run in file order.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.k8s.cluster import MiniCluster, real_node_chart_values
+from tests.k8s.conftest import _tier_requested
+from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
+from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
+from tests.k8s.real_nodes import REAL_NODES, RealNode, leftovers
+from tests.support.paths import EXAMPLES, ROOT, load_yaml
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(1500)
+
+RELEASE, NAMESPACE = "ixr", "ix-gpu-system"
+NS_PATH = f"/api/v1/namespaces/{NAMESPACE}"
+WEBHOOK = f"{RELEASE}-ix-gpu-webhook"
+MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}-ix-gpu"
+INJECTED = "ix-gpu.io/injected"
+RESOURCE = "iluvatar.com/gpu"
+
+DEVICE_CHECK = r"""
+import glob, os, stat
+given = sorted(glob.glob("/dev/iluvatar*"))
+print("given:", " ".join(given))
+for path in given:
+    os.close(os.open(path, os.O_RDWR))
+    print("opened:", path)
+# A device the container was not given: made here with the numbers of another node chip. The
+# device cgroup refuses the open (EPERM) whatever the file says.
+for numbers in ((10, 237), (10, 234), (10, 235), (10, 183)):
+    if any(os.stat(p).st_rdev == os.makedev(*numbers) for p in given):
+        continue
+    os.mknod("/tmp/other", stat.S_IFCHR | 0o666, os.makedev(*numbers))
+    try:
+        os.close(os.open("/tmp/other", os.O_RDWR))
+        print("other: opened", numbers)
+    except OSError as err:
+        print("other: refused", numbers, err.errno)
+    os.unlink("/tmp/other")
+    break
+try:
+    open("/usr/local/corex/written", "w")
+    print("driver root: writable")
+except OSError as err:
+    print("driver root: read-only", err.errno)
+print("driver root:", " ".join(sorted(os.listdir("/usr/local/corex"))))
+print("LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""))
+print("done", flush=True)
+import time
+time.sleep(3600)
+"""
+
+
+class Release:
+    """The release ``RELEASE`` on the real-node cluster, driven through the helm CLI."""
+
+    def __init__(self, cluster: MiniCluster, helm_binary: Path, work: Path, values: dict[str, Any]) -> None:
+        self.cluster, self.helm_binary, self.work, self.values = cluster, helm_binary, work, values
+        self.revision = 0
+
+    @property
+    def api(self) -> KubeAPI:
+        return self.cluster.api
+
+    @property
+    def image(self) -> str:
+        return f"{self.values['image']['repository']}:{self.values['image']['tag']}"
+
+    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            **{f"HELM_{d}_HOME": str(self.work / f"helm-{d.lower()}") for d in ("CACHE", "CONFIG", "DATA")},
+        }
+        argv = [str(self.helm_binary), *args, "--namespace", NAMESPACE]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+    def values_file(self) -> Path:
+        self.revision += 1
+        path = self.work / f"values-{self.revision}.yaml"
+        path.write_text(yaml.safe_dump(self.values, sort_keys=False))
+        return path
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        path = f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3D{component}"
+        return [
+            p for p in request_ok(self.api, "GET", path)["items"] if "deletionTimestamp" not in p["metadata"]
+        ]
+
+    def node(self, name: str) -> RealNode:
+        node = self.cluster.nodes[name]
+        assert isinstance(node, RealNode)
+        return node
+
+    def log(self, namespace: str, pod: str, previous: bool = False) -> str:
+        query = "?previous=true" if previous else ""
+        return str(self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log{query}")[1])
+
+
+def image_pod(name: str, image: str, command: list[str], gpus: int = 0, **spec: Any) -> dict[str, Any]:
+    """A pod of the project image (the only image on these nodes besides pause)."""
+    container: dict[str, Any] = {"name": "main", "image": image, "command": command}
+    if gpus:
+        container["resources"] = {"limits": {RESOURCE: str(gpus)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1, **spec},
+    }
+
+
+def container_cgroup(pod: dict[str, Any], container: str, controller: str) -> Path:
+    """The host directory of a container's cgroup (cgroup v1) on a real node."""
+    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+    container_id = status["containerID"].split("://", 1)[1]
+    node = pod["spec"]["nodeName"]
+    matches = list(Path(f"/sys/fs/cgroup/{controller}/ixt-{node}").rglob(container_id))
+    assert len(matches) == 1, (controller, container_id, matches)
+    return matches[0]
+
+
+@pytest.fixture(scope="module")
+def release(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, k8s_log_dir: Path
+) -> Iterator[Release]:
+    if not _tier_requested(request.config):
+        pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root (namespaces, cgroups, iptables)")
+    stale = leftovers()
+    assert not stale, f"a real-node cluster is already on this machine: {stale}"
+    helm = build_helm()
+    work = tmp_path_factory.mktemp("real-nodes")
+    started = time.monotonic()
+    with MiniCluster(
+        work / "cluster",
+        binaries=build_cluster_binaries(),
+        plugin_config=None,
+        log_dir=k8s_log_dir / "real-nodes",
+        runtime="containerd",
+    ) as mini:
+        print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
+        assert mini.real_nodes is not None and mini.real_nodes.images is not None
+        values = real_node_chart_values(mini.real_nodes.images, scenario=True)
+        installed = Release(mini, helm, work, values)
+        yield installed
+    assert leftovers() == [], "the real-node cluster left things behind"
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def test_the_image_as_a_user_checks_it(release: Release) -> None:
+    """The image the chart runs, built from the Dockerfile unchanged, checked in a real container
+    before anything is installed: its version, a non-root user, no compiler, no pip."""
+    node = release.node("gpu-a")
+    script = (
+        "ix-gpu --version; id -u; id -g; "
+        "for t in gcc cc pip pip3; do command -v $t && echo found $t; done; "
+        "ls -d /root/.cache /home/*/.cache 2>/dev/null && echo found cache; "
+        "python -c 'import pip' 2>/dev/null && echo found pip-module; "
+        "python -c 'import setuptools' 2>/dev/null && echo found setuptools; "
+        "du -sk /opt/ix-gpu; "
+        "cd /opt/ix-gpu/lib/python3.11/site-packages && du -sk * | sort -n | tail -5"
+    )
+    out = node.run_in_image(release.image, ["sh", "-c", script])
+    print(f"\n{release.image}:\n{out}")
+    lines = out.splitlines()
+    assert lines[0] == "ix-gpu 0.1.0", out
+    assert lines[1:3] == ["10001", "10001"], out
+    assert not [line for line in lines if line.startswith("found")], out
+    print(f"image size (compressed layers, as containerd lists it): {node.image_size(release.image)}")
+
+
+# --------------------------------------------------------------------------- install
+
+
+def test_helm_install_with_a_users_values_runs_the_plugin_with_ixml_and_the_webhook(release: Release) -> None:
+    chart = str(ROOT / "charts" / "ix-gpu")
+    started = time.monotonic()
+    result = release.helm(
+        "install",
+        RELEASE,
+        chart,
+        "--create-namespace",
+        "-f",
+        str(release.values_file()),
+        "--wait",
+        "--timeout",
+        "5m",
+    )
+    assert result.returncode == 0, result.stderr + "\n" + str(release.pods("device-plugin"))
+    print(f"helm install --wait: {time.monotonic() - started:.1f}s")
+    api = release.api
+    plugins = release.pods("device-plugin")
+    assert sorted(p["spec"]["nodeName"] for p in plugins) == ["gpu-a", "gpu-b"]
+    for pod in plugins:
+        log = release.log(NAMESPACE, pod["metadata"]["name"])
+        assert '"backend": "ixml"' in log or "backend=ixml" in log or "ixml" in log, log[-2000:]
+        assert "registered iluvatar.com/gpu with the kubelet" in log, log[-2000:]
+    for node, product, count in (("gpu-a", "BI-V150", 8), ("gpu-b", "BI-V100", 8)):
+        wait_until(
+            lambda node=node, count=count: (release.cluster.node_resource(node) or (0, 0)) == (count, count),
+            f"{count} {RESOURCE} on {node}",
+            60,
+            interval=0.5,
+        )
+        labels = (release.node(node).node() or {})["metadata"]["labels"]
+        assert labels.get("ix-gpu.io/gpu.product") == product, labels
+    webhooks = release.pods("webhook")
+    assert len(webhooks) == 2 and all(
+        p["status"].get("podIP", "").startswith("198.51.100.") for p in webhooks
+    )
+    assert not any(p["spec"].get("hostNetwork") for p in webhooks)
+    secret = request_ok(api, "GET", f"{NS_PATH}/secrets/{WEBHOOK}-tls")
+    mwc = request_ok(api, "GET", MWC)
+    assert {w["clientConfig"]["caBundle"] for w in mwc["webhooks"]} == {secret["data"]["ca-bundle.crt"]}
+    assert all("service" in w["clientConfig"] for w in mwc["webhooks"])
+
+
+def test_webhook_pods_run_as_non_root_read_only_with_their_memory_limit_and_pass_probes(
+    release: Release,
+) -> None:
+    for pod in release.pods("webhook"):
+        conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert conditions.get("Ready") == "True", pod["status"]  # readiness over pod networking
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["restartCount"] == 0, status
+        limit = container_cgroup(pod, "webhook", "memory") / "memory.limit_in_bytes"
+        assert int(limit.read_text()) == 256 * 2**20, limit
+        pid = int((container_cgroup(pod, "webhook", "pids") / "cgroup.procs").read_text().split()[0])
+        uids = [
+            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
+        ]
+        assert uids[0].split()[1:] == ["10001"] * 4, uids
+        root = [line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+        (root_mount,) = [m for m in root if m[4] == "/"]
+        assert root_mount[5].split(",")[0] == "ro", root_mount
+
+
+def test_the_seed_pod_sees_only_its_devices_and_the_driver_root_read_only(release: Release) -> None:
+    api = release.api
+    namespace = f"corex-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    corex = load_yaml(EXAMPLES / "gpu-pod.yaml")  # the seed's pod as the user wrote it
+    container = corex["spec"]["containers"][0]
+    # Its image and command replaced by ours; root, so it may try mknod (the device cgroup decides).
+    container.update(image=release.image, command=["python3", "-c", DEVICE_CHECK], args=[])
+    container["securityContext"] = {"runAsUser": 0}
+    corex["spec"]["terminationGracePeriodSeconds"] = 1
+    request_ok(api, "POST", f"{ns}/pods", corex)
+    running = wait_running(api, namespace, "corex-example", timeout=120)
+    assert running["metadata"]["annotations"][INJECTED].startswith("iluvatar@")
+    wait_until(
+        lambda: "done" in release.log(namespace, "corex-example").splitlines(), "the check's output", 60
+    )
+    log = release.log(namespace, "corex-example")
+    print(f"\nkubectl logs corex-example:\n{log}")
+    lines = log.splitlines()
+    given = lines[0].removeprefix("given: ").split()
+    assert len(given) == 1 and given[0].startswith("/dev/iluvatar"), log  # splitboard false: one board...
+    assert f"opened: {given[0]}" in lines
+    refused = [line for line in lines if line.startswith("other:")]
+    assert refused and refused[0].startswith("other: refused") and refused[0].endswith(" 1"), log  # EPERM
+    assert "driver root: read-only 30" in lines, log  # EROFS
+    assert "driver root: fake-ixml-devices lib64" in lines, log
+    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, log
+    request_ok(api, "DELETE", ns)
+
+
+def test_gpu_type_schedules_onto_its_node_and_a_full_node_leaves_the_ninth_pending(release: Release) -> None:
+    api = release.api
+    namespace = f"fill-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    v100 = image_pod("v100", release.image, ["sleep", "3600"], gpus=1)
+    v100["metadata"]["annotations"] = {"ix-gpu.io/gpu-type": "BI-V100"}
+    request_ok(api, "POST", f"{ns}/pods", v100)
+    assert wait_running(api, namespace, "v100", timeout=120)["spec"]["nodeName"] == "gpu-b"
+    names = [f"holder-{i}" for i in range(8)]
+    for name in names:
+        pod = image_pod(
+            name, release.image, ["sleep", "3600"], gpus=1, nodeSelector={"kubernetes.io/hostname": "gpu-a"}
+        )
+        request_ok(api, "POST", f"{ns}/pods", pod)
+    for name in names:
+        wait_running(api, namespace, name, timeout=180)
+    on_gpu_a = {"kubernetes.io/hostname": "gpu-a"}
+    request_ok(
+        api,
+        "POST",
+        f"{ns}/pods",
+        image_pod("ninth", release.image, ["sleep", "3600"], 1, nodeSelector=on_gpu_a),
+    )
+    event = scheduling_failure(api, namespace, "ninth")
+    assert "Insufficient iluvatar.com/gpu" in event["message"], event
+    ninth = get_pod(api, namespace, "ninth")
+    assert ninth is not None and ninth["status"]["phase"] == "Pending"
+    # Each of gpu-a's two boards handed out exactly four times (replicas 4).
+    boards: collections.Counter[str] = collections.Counter()
+    for name in names:
+        pod = get_pod(api, namespace, name)
+        assert pod is not None
+        devices = container_cgroup(pod, "main", "devices") / "devices.list"
+        boards[
+            " ".join(sorted(line for line in devices.read_text().splitlines() if line.startswith("c 10:")))
+        ] += 1
+    assert sorted(boards.values()) == [4, 4], boards
+    request_ok(api, "DELETE", ns)
+
+
+def test_privileged_only_in_the_allowlisted_namespace(release: Release) -> None:
+    api = release.api
+    results = {}
+    for namespace in ("ml-team", f"other-{secrets.token_hex(3)}"):
+        new_namespace(api, namespace)
+        pod = image_pod("trainer", release.image, ["sleep", "3600"])
+        pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+        status, created = api.request("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", pod)
+        assert status == 201, created
+        results[namespace] = created["spec"]["containers"][0].get("securityContext", {}).get("privileged")
+        request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
+    assert list(results.values()) == [True, None], results
+
+
+def test_a_webhook_container_killed_is_replaced_and_no_gpu_pod_is_admitted_unmutated(
+    release: Release,
+) -> None:
+    api = release.api
+    namespace = f"kill-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    victims = release.pods("webhook")
+    for pod in victims:  # both replicas: until one is back, the apiserver has nowhere to send reviews
+        pid = min(
+            int(p) for p in (container_cgroup(pod, "webhook", "pids") / "cgroup.procs").read_text().split()
+        )
+        os.kill(pid, 9)  # the container's first process: what `kill -9 1` inside it would hit
+    refused: list[str] = []
+    admitted = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status, reply = api.request(
+            "POST", f"{ns}/pods?dryRun=All", image_pod("p", release.image, ["true"], gpus=1)
+        )
+        if status == 201:
+            assert reply["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), reply
+            admitted += 1
+            if admitted >= 20:
+                break
+        else:
+            assert "failed calling webhook" in reply.get("message", ""), reply
+            refused.append(reply["message"])
+        time.sleep(0.05)
+    print(f"\nafter kill -9 of both replicas: {len(refused)} refused, then {admitted} admitted mutated")
+    if refused:
+        print(f"  e.g. {refused[0]}")
+    assert admitted >= 20
+    restarted = wait_until(
+        lambda: [
+            p for p in release.pods("webhook") if p["status"]["containerStatuses"][0]["restartCount"] >= 1
+        ],
+        "both webhook containers restarted",
+        60,
+    )
+    assert len(restarted) == 2
+    request_ok(api, "DELETE", ns)
+
+
+def test_helm_upgrade_reloads_then_helm_test_then_uninstall_leaves_nothing(release: Release) -> None:
+    api = release.api
+    before = {p["metadata"]["uid"] for p in release.pods("webhook")}
+    release.values["config"]["profiles"][0]["env"].append({"name": "IX_GPU_RELEASE", "value": "upgraded"})
+    chart = str(ROOT / "charts" / "ix-gpu")
+    result = release.helm("upgrade", RELEASE, chart, "-f", str(release.values_file()))
+    assert result.returncode == 0, result.stderr
+    namespace = f"upgrade-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+
+    def upgraded() -> bool:
+        status, created = api.request(
+            "POST", f"{ns}/pods?dryRun=All", image_pod("u", release.image, ["true"], gpus=1)
+        )
+        assert status == 201, created
+        env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0].get("env") or []}
+        return env.get("IX_GPU_RELEASE") == "upgraded"
+
+    wait_until(upgraded, "the upgraded config served", 120, interval=1)
+    assert {p["metadata"]["uid"] for p in release.pods("webhook")} == before, "reloaded in place"
+    request_ok(api, "DELETE", ns)
+
+    result = release.helm("test", RELEASE, "--timeout", "180s", "--logs")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Succeeded" in result.stdout, result.stdout
+
+    result = release.helm("uninstall", RELEASE, "--wait", "--timeout", "180s")
+    assert result.returncode == 0, result.stderr
+    assert api.request("GET", MWC)[0] == 404
+    assert api.request("GET", f"{NS_PATH}/secrets/{WEBHOOK}-tls")[0] == 404
+    for spec in REAL_NODES:
+        wait_until(
+            lambda spec=spec: (
+                not [
+                    k
+                    for k in (release.node(spec.name).node() or {})["metadata"]["labels"]
+                    if k.startswith("ix-gpu.io/gpu.")
+                ]
+            ),
+            f"no ix-gpu.io/gpu.* labels on {spec.name}",
+            60,
+        )
+    print(json.dumps(release.cluster.timings))
