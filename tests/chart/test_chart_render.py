@@ -738,8 +738,18 @@ def _volume(workload: dict[str, Any], name: str) -> dict[str, Any]:
     return next(v for v in volumes if v["name"] == name)
 
 
+def test_webhook_deployment_probes_its_plain_http_probe_port() -> None:
+    """By default the kubelet probes ``--probe-port`` (8081) over HTTP, apart from the HTTPS port's
+    connections; ``webhook.probePort: 0`` probes the HTTPS port as before (the next test)."""
+    (container,) = find(render(), "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"]
+    assert "--probe-port=8081" in container["args"]
+    assert {"name": "probes", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes", "scheme": "HTTP"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes", "scheme": "HTTP"}
+
+
 def test_webhook_deployment_is_hardened_and_probed_over_https() -> None:
-    objects = render()
+    objects = render({"webhook": {"probePort": 0}})
     deployment = find(objects, "Deployment", WEBHOOK)
     spec = deployment["spec"]
     pod = spec["template"]["spec"]
