@@ -1,6 +1,7 @@
 """The connection-cap policy both HTTP servers share (:mod:`ix_gpu.runtime.connection_slots`), on a
-fake clock: at a cap the longest-idle connection makes room; busy and recently used connections
-keep theirs; one address cannot hold more than its share; closing connections go first."""
+fake clock: at a cap the longest-idle connection makes room; busy connections and each address's
+most recently used idle ones keep theirs; one address cannot hold more than its share; closing
+connections go first, then those that never sent a request."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Clock:
         self.now = 1000.0
 
     def __call__(self) -> float:
+        self.now += 0.001  # every event a moment after the last
         return self.now
 
 
@@ -34,8 +36,8 @@ def clock() -> Clock:
     return Clock()
 
 
-def slots(clock: Clock, total: int = 3, per_address: int = 3, evict_after: float = 2.0) -> ConnectionSlots:
-    return ConnectionSlots(total, per_address, evict_after, clock=clock)
+def slots(clock: Clock, total: int = 3, per_address: int = 3, keep_recent: int = 1) -> ConnectionSlots:
+    return ConnectionSlots(total, per_address, keep_recent, clock=clock)
 
 
 def served(table: ConnectionSlots, conn: Conn, address: str = "10.0.0.1") -> Conn:
@@ -48,11 +50,7 @@ def served(table: ConnectionSlots, conn: Conn, address: str = "10.0.0.1") -> Con
 
 def test_the_longest_idle_connection_makes_room(clock: Clock) -> None:
     table = slots(clock)
-    a, b, c = Conn("a"), Conn("b"), Conn("c")
-    for conn in (a, b, c):
-        served(table, conn)
-        clock.now += 1
-    clock.now += 5
+    a, b, c = (served(table, Conn(name)) for name in "abc")
     table.busy(a)
     table.idle(a)  # a answered a request just now: b is now the longest idle
     assert table.admit(Conn("new"), "10.0.0.2") is None
@@ -60,13 +58,25 @@ def test_the_longest_idle_connection_makes_room(clock: Clock) -> None:
     assert len(table) == 3 and table.count("10.0.0.1") == 2
 
 
-def test_recently_used_and_busy_connections_are_kept(clock: Clock) -> None:
-    table = slots(clock)
+def test_each_address_keeps_its_most_recently_used_idle_connections(clock: Clock) -> None:
+    """However many newcomers arrive, an address's last ``keep_recent`` idle connections stay:
+    they are the ones its next requests travel on."""
+    table = slots(clock, total=4, keep_recent=2)
+    a, b, c = (served(table, Conn(name)) for name in "abc")
+    newcomers = [Conn(f"n{i}") for i in range(3)]
+    assert table.admit(newcomers[0], "10.0.0.2") is None  # a free slot
+    for conn in newcomers[:1]:
+        table.busy(conn)
+    assert table.admit(newcomers[1], "10.0.0.2") is None  # a made room; b, c are the last two
+    table.busy(newcomers[1])
+    assert table.admit(newcomers[2], "10.0.0.2") == REFUSED_TOTAL
+    assert (a.evicted, b.evicted, c.evicted) == (True, False, False)
+
+
+def test_busy_connections_are_kept(clock: Clock) -> None:
+    table = slots(clock, keep_recent=0)
     conns = [served(table, Conn(f"c{i}")) for i in range(3)]
-    clock.now += 1.9
-    assert table.admit(Conn("early"), "10.0.0.2") == REFUSED_TOTAL  # none idle 2 s yet
     table.busy(conns[0])
-    clock.now += 10
     later = Conn("later")
     assert table.admit(later, "10.0.0.2") is None
     assert [c.evicted for c in conns] == [False, True, False]
@@ -77,58 +87,49 @@ def test_recently_used_and_busy_connections_are_kept(clock: Clock) -> None:
 
 def test_a_request_arriving_renews_a_used_connection_only(clock: Clock) -> None:
     """A used connection whose next request is arriving is as good as just used; a fresh one whose
-    first request trickles in stays as evictable as it was."""
-    table = slots(clock, total=2)
+    first request trickles in keeps its age."""
+    table = slots(clock, total=3, keep_recent=0)
     kept = served(table, Conn("kept"))
-    clock.now += 10
-    table.active(kept)
     trickler = Conn("trickler")
     table.admit(trickler, "10.0.0.1")
+    table.active(kept)
     table.active(trickler)
+    table.admit(Conn("third"), "10.0.0.3")
     assert table.admit(Conn("new"), "10.0.0.2") is None
     assert (kept.evicted, trickler.evicted) == (False, True)
 
 
-def test_connections_without_a_request_rank_as_idle_longer(clock: Clock) -> None:
-    """A connection that never sent a request may make room at once, before one used a moment
-    ago; it counts as idle ``evict_after`` longer than it is, so a long-idle used one goes first."""
-    table = slots(clock)
-    used = [served(table, Conn(f"u{i}")) for i in range(2)]
-    clock.now += 1
+@pytest.mark.parametrize("older", ["used", "silent"])
+def test_silent_and_used_connections_rank_by_idle_time(clock: Clock, older: str) -> None:
+    """A connection that never sent a request and one idle after its answer: the one idle longer
+    makes room, whichever it is."""
+    table = slots(clock, keep_recent=0)
     silent = Conn("silent")
-    table.admit(silent, "10.0.0.1")
+    if older == "silent":
+        table.admit(silent, "10.0.0.1")
+        used = served(table, Conn("used"))
+    else:
+        used = served(table, Conn("used"))
+        table.admit(silent, "10.0.0.1")
+    table.admit(Conn("busy"), "10.0.0.3")
+    table.busy(next(c for c in table._address if repr(c) == "busy"))
     assert table.admit(Conn("new"), "10.0.0.2") is None
-    assert silent.evicted and not any(c.evicted for c in used)
-
-    table = slots(clock)
-    long_idle = served(table, Conn("long-idle"))
-    clock.now += 10
-    silent = Conn("silent-1s")
-    table.admit(silent, "10.0.0.1")
-    table.admit(Conn("third"), "10.0.0.1")
-    clock.now += 1
-    assert table.admit(Conn("new"), "10.0.0.2") is None
-    assert long_idle.evicted and not silent.evicted
+    assert (used.evicted, silent.evicted) == (older == "used", older == "silent")
 
 
 def test_closing_connections_go_first_whatever_their_age(clock: Clock) -> None:
-    table = slots(clock)
-    old, mid, young = Conn("old"), Conn("mid"), Conn("young")
-    for conn in (old, mid, young):
-        served(table, conn)
-        clock.now += 5
+    table = slots(clock, keep_recent=0)
+    old, mid, young = (served(table, Conn(name)) for name in ("old", "mid", "young"))
     table.closing(young)
     assert table.admit(Conn("new"), "10.0.0.2") is None
     assert (old.evicted, mid.evicted, young.evicted) == (False, False, True)
 
 
 def test_one_address_makes_room_from_its_own_connections(clock: Clock) -> None:
-    table = slots(clock, total=4, per_address=2)
-    other = served(table, Conn("other"), "10.0.0.9")
-    clock.now += 60  # the longest idle of all, but not from the address over its share
+    table = slots(clock, total=4, per_address=2, keep_recent=0)
+    other = served(table, Conn("other"), "10.0.0.9")  # the longest idle of all, but elsewhere
     first = served(table, Conn("s1"))
     second = served(table, Conn("s2"))
-    clock.now += 5
     third = Conn("s3")
     assert table.admit(third, "10.0.0.1") is None
     assert (first.evicted, second.evicted, other.evicted) == (True, False, False)
@@ -145,12 +146,24 @@ def test_one_address_makes_room_from_its_own_connections(clock: Clock) -> None:
     assert table.admit(Conn("s5"), "10.0.0.1") == REFUSED_TOTAL
 
 
-def test_per_address_share_is_at_most_the_total(clock: Clock) -> None:
-    assert ConnectionSlots(4, 64, 0.0).max_per_address == 4
+def test_the_total_cap_skips_addresses_with_only_kept_connections(clock: Clock) -> None:
+    """The server's longest-idle connection is kept when it is among its address's most recent; the
+    next one, from an address with more idle connections, makes room."""
+    table = slots(clock, total=4, keep_recent=1)
+    lone = served(table, Conn("lone"), "10.0.0.9")
+    a1, a2 = served(table, Conn("a1")), served(table, Conn("a2"))
+    table.admit(Conn("busy"), "10.0.0.3")
+    table.busy(next(c for c in table._address if repr(c) == "busy"))
+    assert table.admit(Conn("new"), "10.0.0.2") is None
+    assert (lone.evicted, a1.evicted, a2.evicted) == (False, True, False)
+
+
+def test_per_address_share_is_at_most_the_total() -> None:
+    assert ConnectionSlots(4, 64, 0).max_per_address == 4
 
 
 def test_release_is_idempotent_and_forgets_the_address(clock: Clock) -> None:
-    table = slots(clock, evict_after=0.0)
+    table = slots(clock)
     conn = Conn("c")
     table.admit(conn, "10.0.0.1")
     table.release(conn)
@@ -159,6 +172,7 @@ def test_release_is_idempotent_and_forgets_the_address(clock: Clock) -> None:
     table.idle(conn)
     table.busy(conn)
     table.closing(conn)
+    table.active(conn)
     assert len(table) == 0 and table.count("10.0.0.1") == 0
     assert table._counts == {} and table._idle_by_address == {}
     assert not table._idle.fresh and not table._idle.used
@@ -168,7 +182,7 @@ def test_evicted_connection_leaves_at_once(clock: Clock) -> None:
     """The slot is the newcomer's before the victim's close completes (a TLS shutdown may take
     seconds); the victim's later release changes nothing."""
     evictions: list[str] = []
-    table = ConnectionSlots(1, 1, 0.0, on_evict=lambda: evictions.append("x"), clock=clock)
+    table = ConnectionSlots(1, 1, 0, on_evict=lambda: evictions.append("x"), clock=clock)
     victim, newcomer = Conn("v"), Conn("n")
     table.admit(victim, "10.0.0.1")
     assert table.admit(newcomer, "10.0.0.1") is None

@@ -15,16 +15,16 @@ Refinements:
 - **Per client address.** One address may hold at most ``max_per_address`` slots; past that its
   own longest-idle connection makes room. One squatting pod then cannot fill the server even with
   busy connections, whatever the total cap is.
-- **Recently used connections are kept.** A connection that has served a request is evictable
-  only once it has been idle ``evict_after`` seconds. A keep-alive client (Go's transport, the
-  apiserver's) reuses its most recently used connection first, so one idle a moment ago is the one
-  likely to carry the next request, and closing it while that request is on its way fails the
-  request; one idle for seconds is a spare the client rarely picks.
-- **Connections that never sent a request are not kept.** A real client sends its first request
-  as soon as its handshake is done, so a connection still without one has no such race and is
-  evictable at once; it ranks as idle ``evict_after`` longer than it has been. (Giving it the same
-  grace let a client that reconnects each evicted connection at once keep all of its connections
-  younger than the grace, and so keep every slot of its address: 87 of 99 new clients refused.)
+- **Each address keeps its most recently used idle connections**, ``keep_recent`` of them. A
+  keep-alive client (Go's transport, the apiserver's) takes the most recently used connection of
+  its pool first, so those are the ones its next requests travel on, and closing one while a
+  request is on its way fails that request; deeper in its pool are spares it rarely picks. A burst
+  of new connections, however long, then never costs a client the connections it is using (a
+  time grace instead, say 15 s idle, lost them to a burst that lasted longer, and let a squatter
+  that sends a request on each connection more often than that keep them all).
+- **Connections that never sent a request go before used ones of the same age.** A real client
+  sends its first request as soon as its handshake is done, so a connection still without one is
+  the least likely to be waited on.
 - **Closing connections go first** (their answer said ``Connection: close``, or a TLS shutdown is
   waiting on the client): nothing more will be served on them.
 
@@ -58,7 +58,7 @@ class Evictable(Protocol):
 
 class _Idle:
     """The idle connections of one scope (the server, or one address), oldest first: those that
-    never served a request (and closing ones, in front) and those that did."""
+    never served a request (closing ones in front) and those that did."""
 
     __slots__ = ("fresh", "used")
 
@@ -78,14 +78,14 @@ class ConnectionSlots:
         self,
         max_connections: int,
         max_per_address: int,
-        evict_after: float,
+        keep_recent: int,
         *,
         on_evict: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_connections = max_connections
         self.max_per_address = min(max_per_address, max_connections)
-        self.evict_after = evict_after
+        self.keep_recent = keep_recent
         self._on_evict = on_evict
         self._clock = clock
         self._address: dict[Evictable, str] = {}
@@ -110,15 +110,15 @@ class ConnectionSlots:
         if len(self._address) >= self.max_connections and not self._evict(self._idle):
             return REFUSED_TOTAL
         self._address[conn] = address
-        self._counts[address] = self._counts.get(address, 0) + 1
+        self._counts[address] = self.count(address) + 1
         now = self._clock()
         for scope in self._scopes(address):
             scope.fresh[conn] = now
         return None
 
     def active(self, conn: Evictable) -> None:
-        """A request of ``conn``'s has begun to arrive: a used connection counts as idle from now
-        (a fresh one keeps its age: a real client's first request is never slow to come)."""
+        """A request of ``conn``'s has begun to arrive: a used connection counts as just used (a
+        fresh one keeps its age: a real client's first request is never slow to come)."""
         address = self._address.get(conn)
         if address is not None and conn in self._idle.used:
             self._mark(conn, address, self._clock(), used=True)
@@ -172,18 +172,23 @@ class ConnectionSlots:
                 scope.fresh.move_to_end(conn, last=False)
 
     def _victim(self, scope: _Idle) -> Evictable | None:
-        """The connection of ``scope`` to close for a newcomer, if any may be: the one idle longest,
-        a fresh one counted as idle ``evict_after`` longer, a used one only past ``evict_after``."""
-        now = self._clock()
-        victim, longest = None, -1.0
-        if scope.fresh:
-            conn, since = next(iter(scope.fresh.items()))
-            victim, longest = conn, now - since + self.evict_after
-        if scope.used:
-            conn, since = next(iter(scope.used.items()))
-            if now - since >= self.evict_after and now - since > longest:
-                victim = conn
-        return victim
+        """The connection of ``scope`` to close for a newcomer, if any may be: the one idle longest
+        of the oldest fresh one and the oldest used one beyond its address's ``keep_recent``."""
+        fresh = next(iter(scope.fresh.items()), None)
+        used = None
+        kept: set[str] = set()
+        for conn, since in scope.used.items():  # at most max_connections, only at a cap
+            address = self._address[conn]
+            if address in kept:
+                continue
+            # The first met of an address is its longest idle: kept if it is among the most recent.
+            if len(self._idle_by_address[address].used) > self.keep_recent:
+                used = (conn, since)
+                break
+            kept.add(address)
+        if fresh is None or (used is not None and used[1] < fresh[1]):
+            return None if used is None else used[0]
+        return fresh[0]
 
     def _evict(self, scope: _Idle) -> bool:
         victim = self._victim(scope)

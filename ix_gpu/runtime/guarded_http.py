@@ -202,7 +202,7 @@ class _Server:
         self.limits = limits
         self.on_refused = on_refused
         self.not_found = f"not found: try {' or '.join(sorted(routes))}\n".encode()
-        self.slots = ConnectionSlots(limits.max_connections, limits.max_per_address, evict_after=0.0)
+        self.slots = ConnectionSlots(limits.max_connections, limits.max_per_address, keep_recent=0)
 
     def connection(self) -> _Connection:
         return _Connection(self)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import socket
 import ssl
 import statistics
@@ -41,8 +40,8 @@ async def _read_answer(reader: asyncio.StreamReader) -> int:
 class Squatter:
     """``count`` connections from ``source`` to ``url``, kept open until :meth:`stop`.
 
-    ``interval``: seconds between the requests on each connection (the first at a random point of
-    the first interval, so the requests are spread out); None: the connections send nothing.
+    ``interval``: seconds between the requests on each connection, the first one sent as soon as
+    the connection is made; None: the connections send nothing.
     ``retry_after``: seconds before a connection the server closed is made again."""
 
     def __init__(
@@ -131,7 +130,6 @@ class Squatter:
         if self.interval is None:
             await reader.read(1)  # returns when the server closes the connection
             return
-        await asyncio.sleep(random.uniform(0, self.interval))
         while True:
             writer.write(TINY_REQUEST)
             await _read_answer(reader)

@@ -13,12 +13,10 @@ from dataclasses import dataclass
 class Limits:
     max_connections: int = 128
     max_connections_per_address: int = 64
-    evict_idle_after: float = 15.0
-    """At a cap, a keep-alive connection that has served a request may be closed to make room once
-    it has been idle this long (:mod:`ix_gpu.runtime.connection_slots`). Go's transport, the
-    apiserver's, reuses its most recently used connection first, so one idle 15 s is a spare; a
-    burst of new connections (300 at once take 3-9 s here) then never costs a connection in use.
-    Under uvicorn's 30 s keep-alive timeout, so that a squatter has to keep sending to keep any."""
+    keep_idle_per_address: int = 8
+    """At a cap, each address keeps this many of its most recently used idle keep-alive
+    connections; older idle ones may be closed to make room (:mod:`ix_gpu.runtime.connection_slots`).
+    The apiserver's Go transport reuses its most recently used connection first."""
     header_timeout: float = 10.0
     max_header_bytes: int = 64 << 10
     max_inflight_body_bytes: int = 16 << 20

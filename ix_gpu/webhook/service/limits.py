@@ -5,12 +5,13 @@ The webhook serves every Pod create of the cluster with ``failurePolicy: Fail`` 
 so one careless or hostile client must not be able to stall or bloat it:
 
 - **Connections** are capped at ``max_connections``, ``max_connections_per_address`` of them from
-  one client address. At a cap the newcomer takes the slot of the connection idle longest (at least
-  ``evict_idle_after`` seconds), which is closed; only when none is idle is the newcomer closed as
-  soon as it is made (after the TLS handshake, which asyncio bounds at 60 s). Refusing every
-  newcomer at the cap let one client that kept 128 connections busy with a request each 20 s lock
-  out the apiserver and the kubelet's probes (:mod:`ix_gpu.runtime.connection_slots`). Idle
-  keep-alive connections are also closed by uvicorn after its keep-alive timeout.
+  one client address. At a cap the newcomer takes the slot of the connection idle longest (each
+  address keeps its ``keep_idle_per_address`` most recently used), which is closed; only when none
+  is idle is the newcomer closed as soon as it is made (after the TLS handshake, which asyncio
+  bounds at 60 s). Refusing every newcomer at the cap let one client that kept 128 connections
+  with a request on each every 20 s lock out the apiserver and the kubelet's probes
+  (:mod:`ix_gpu.runtime.connection_slots`). Idle keep-alive connections are also closed by uvicorn
+  after its keep-alive timeout.
 - **Headers** must be complete within ``header_timeout`` seconds of the connection (or of the
   request's first byte) and within ``max_header_bytes``: uvicorn bounds neither, so a client
   sending one header byte a second, or 128 MiB of headers, held a connection and its memory.
@@ -293,7 +294,7 @@ def guarded_protocol(
     slots = ConnectionSlots(
         limits.max_connections,
         limits.max_connections_per_address,
-        limits.evict_idle_after,
+        limits.keep_idle_per_address,
         on_evict=on_evicted,
     )
 

@@ -113,9 +113,9 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=_positive_int,
         default=defaults.max_connections,
         metavar="N",
-        help="open connections at most; at the cap the connection idle longest (at least "
-        f"{defaults.evict_idle_after:g} s) is closed to make room, and a new one is closed at once only "
-        f"when none is idle (default: {defaults.max_connections})",
+        help="open connections at most; at the cap the connection idle longest is closed to make room "
+        f"(each client address keeps its {defaults.keep_idle_per_address} most recently used), and a new "
+        f"one is closed at once only when none is idle (default: {defaults.max_connections})",
     )
     limits.add_argument(
         "--max-connections-per-address",
