@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 REFUSED_TOTAL = "connections"
 """The refusal reason when every slot holds a connection in the middle of a request."""
@@ -51,9 +51,12 @@ _CLOSING = float("-inf")
 """The idle-since of a closing connection: older than any, so it goes first."""
 
 
-class Evictable(Protocol):
-    def evict(self) -> None:
-        """Close the connection now, without an answer (it is idle: nobody is waiting for one)."""
+if TYPE_CHECKING:  # only annotations use it; the plugin's process is spared the class
+    from typing import Protocol
+
+    class Evictable(Protocol):
+        def evict(self) -> None:
+            """Close the connection now, without an answer (it is idle: nobody waits for one)."""
 
 
 class _Idle:

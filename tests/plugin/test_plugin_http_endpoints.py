@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 import uvloop
@@ -109,7 +108,7 @@ def endpoint(caplog: pytest.LogCaptureFixture, loop_kind: str) -> Iterator[Endpo
 @pytest.fixture
 def patient_endpoint(caplog: pytest.LogCaptureFixture, loop_kind: str) -> Iterator[Endpoint]:
     """A head deadline long enough that only evictions close the silent connections."""
-    with served(caplog, replace(LIMITS, header_timeout=30), loop_kind) as endpoint:
+    with served(caplog, LIMITS._replace(header_timeout=30), loop_kind) as endpoint:
         yield endpoint
 
 
