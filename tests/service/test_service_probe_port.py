@@ -19,11 +19,6 @@ from tests.support.https_client import host_port, read_response
 from tests.support.webhook_process import WebhookProcess
 
 
-def _probe_url(webhook: WebhookProcess) -> str:
-    serving = next(e for e in webhook.logs() if e.get("msg") == "serving AdmissionReview v1")
-    return str(serving["probes"])
-
-
 def _request(url: str, head: bytes) -> tuple[int, dict[str, str], bytes]:
     with socket.create_connection(host_port(url), timeout=5) as sock:
         sock.sendall(head)
@@ -38,7 +33,7 @@ def _request(url: str, head: bytes) -> tuple[int, dict[str, str], bytes]:
 
 def test_probe_port_answers_as_the_https_port(tmp_path: Path, cert_dir: Path) -> None:
     with WebhookProcess(tmp_path, cert_dir, extra=["--probe-port", "0"]).start() as webhook:
-        probes = _probe_url(webhook)
+        probes = webhook.probe_url
         assert probes.startswith("http://127.0.0.1:")
         for path in ("/healthz", "/readyz"):
             status, headers, body = _request(probes, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())

@@ -45,11 +45,6 @@ def _webhook(tmp_path: Path, cert_dir: Path, *extra: str) -> Iterator[WebhookPro
         yield webhook
 
 
-def _probe_url(webhook: WebhookProcess) -> str:
-    serving = next(e for e in webhook.logs() if e.get("msg") == "serving AdmissionReview v1")
-    return str(serving["probes"])
-
-
 def _new_clients(webhook: WebhookProcess, count: int, spacing: float) -> Counter[str]:
     outcomes: Counter[str] = Counter()
     for _ in range(count):
@@ -61,7 +56,7 @@ def _new_clients(webhook: WebhookProcess, count: int, spacing: float) -> Counter
 @contextmanager
 def _probed(webhook: WebhookProcess) -> Iterator[list[tuple[str, KubeletProber]]]:
     """Liveness and readiness probes on the probe port, and a liveness probe on the HTTPS port."""
-    probe_url, ca = _probe_url(webhook), webhook.cert_dir / "ca.crt"
+    probe_url, ca = webhook.probe_url, webhook.cert_dir / "ca.crt"
     probers = [
         ("probe port /healthz", KubeletProber(probe_url, "/healthz")),
         ("probe port /readyz", KubeletProber(probe_url, "/readyz")),

@@ -101,6 +101,13 @@ class WebhookProcess:
         return self.url + "/mutate"
 
     @property
+    def probe_url(self) -> str:
+        """``http://HOST:PORT`` of ``--probe-port`` (plain-HTTP /healthz and /readyz), from the log."""
+        serving = next(e for e in self.logs() if e.get("msg") == "serving AdmissionReview v1")
+        assert serving.get("probes"), "started without --probe-port"
+        return str(serving["probes"])
+
+    @property
     def ca_bundle(self) -> bytes:
         return (self.cert_dir / "ca.crt").read_bytes()
 
