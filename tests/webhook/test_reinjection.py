@@ -21,6 +21,7 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.webhook_config import default_config, parse_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
+from ix_gpu.webhook.core.injection_record import item_ref
 from ix_gpu.webhook.core.mutation import mutate
 from tests.support.objects import container, pod
 from tests.webhook.test_properties import RICH, SETTINGS, _apiserver_defaults, namespaces, pods
@@ -94,8 +95,7 @@ def test_the_issue_example_a_moved_driver_is_mounted_from_the_new_path() -> None
     assert new_pod["spec"]["nodeSelector"] == {"gpu": "iluvatar"}
     assert new_pod["metadata"]["annotations"][labels.INJECTED].endswith("@" + MOVED.digest)
     record = json.loads(new_pod["metadata"]["annotations"][labels.INJECTED_ITEMS])
-    recorded_volumes = [op["value"] for op in record["ops"] if op["path"] == "/spec/volumes"]
-    assert recorded_volumes == [new_pod["spec"]["volumes"]], "the record holds what this config added"
+    assert record["vol"] == [item_ref(volume["name"], volume)], "the record names what this config added"
 
 
 def test_what_the_user_changed_after_injection_is_kept() -> None:
@@ -148,3 +148,68 @@ def test_replica_keys_and_selector_keys_that_look_like_env_paths_are_not_misread
     assert injected["spec"]["tfReplicaSpecs"]["env"]["template"]["spec"]["nodeSelector"] == {"value": "x"}
     moved = admit(injected, NamespaceFacts("team"), DEFAULT)
     assert moved["spec"]["tfReplicaSpecs"]["env"]["template"]["spec"]["nodeSelector"] == {}
+
+
+# Pods as an earlier version injected them, with its record of the whole patch ops (the first
+# format of injected-items): under DEFAULT, and under RICH into a user's env entries.
+FIRST_FORMAT_DEFAULT: dict[str, Any] = json.loads(
+    '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","annotations":{"ix-gpu.io/injected":"iluvatar@91a2b21207","ix-gpu.io/injected-items":"{\\"at\\":\\"\\",\\"ops\\":[{\\"op\\":\\"add\\",\\"path\\":\\"/spec/volumes\\",\\"value\\":[{\\"name\\":\\"ix-gpu-iluvatar-driver\\",\\"hostPath\\":{\\"path\\":\\"/usr/local/corex\\",\\"type\\":\\"Directory\\"}}]},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/containers/0/volumeMounts\\",\\"value\\":[{\\"name\\":\\"ix-gpu-iluvatar-driver\\",\\"mountPath\\":\\"/usr/local/corex\\",\\"readOnly\\":true}]},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/containers/0/env\\",\\"value\\":[{\\"name\\":\\"LD_LIBRARY_PATH\\",\\"value\\":\\"/usr/local/corex/lib64\\"}]},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/tolerations\\",\\"value\\":[{\\"key\\":\\"iluvatar.com/gpu\\",\\"operator\\":\\"Exists\\",\\"effect\\":\\"NoSchedule\\"}]}]}"}},"spec":{"containers":[{"name":"main","image":"corex:4.0.0","resources":{"limits":{"iluvatar.com/gpu":1}},"volumeMounts":[{"name":"ix-gpu-iluvatar-driver","mountPath":"/usr/local/corex","readOnly":true}],"env":[{"name":"LD_LIBRARY_PATH","value":"/usr/local/corex/lib64"}]}],"volumes":[{"name":"ix-gpu-iluvatar-driver","hostPath":{"path":"/usr/local/corex","type":"Directory"}}],"tolerations":[{"key":"iluvatar.com/gpu","operator":"Exists","effect":"NoSchedule"}]}}'
+)
+FIRST_FORMAT_RICH: dict[str, Any] = json.loads(
+    '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","annotations":{"ix-gpu.io/injected":"iluvatar@254dde8c1f","ix-gpu.io/injected-items":"{\\"at\\":\\"\\",\\"ops\\":[{\\"op\\":\\"add\\",\\"path\\":\\"/spec/volumes\\",\\"value\\":[{\\"name\\":\\"ix-driver\\",\\"hostPath\\":{\\"path\\":\\"/usr/local/corex\\",\\"type\\":\\"Directory\\"}},{\\"name\\":\\"ix-itrctl\\",\\"hostPath\\":{\\"path\\":\\"/dev/itrctl\\",\\"type\\":\\"CharDevice\\"}}]},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/containers/0/volumeMounts\\",\\"value\\":[{\\"name\\":\\"ix-driver\\",\\"mountPath\\":\\"/usr/local/corex\\",\\"readOnly\\":true},{\\"name\\":\\"ix-itrctl\\",\\"mountPath\\":\\"/dev/itrctl\\"}]},{\\"op\\":\\"replace\\",\\"path\\":\\"/spec/containers/0/env/0/value\\",\\"value\\":\\"/usr/local/corex/lib64:/mine\\"},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/containers/0/env/1/value\\",\\"value\\":\\"/usr/local/corex/bin\\"},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/containers/0/env/-\\",\\"value\\":{\\"name\\":\\"IX_MODE\\",\\"value\\":\\"train\\"}},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/nodeSelector\\",\\"value\\":{\\"ix-gpu.io/gpu.present\\":\\"true\\"}},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/tolerations\\",\\"value\\":[{\\"key\\":\\"iluvatar.com/gpu\\",\\"operator\\":\\"Exists\\",\\"effect\\":\\"NoSchedule\\"}]},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/affinity\\",\\"value\\":{\\"nodeAffinity\\":{\\"requiredDuringSchedulingIgnoredDuringExecution\\":{\\"nodeSelectorTerms\\":[{\\"matchExpressions\\":[{\\"key\\":\\"ix-gpu.io/gpu.count\\",\\"operator\\":\\"Exists\\"}]}]}}}},{\\"op\\":\\"add\\",\\"path\\":\\"/spec/runtimeClassName\\",\\"value\\":\\"corex\\"}],\\"previous\\":{\\"/spec/containers/0/env/0/value\\":\\"/mine\\",\\"/spec/containers/0/env/1/value\\":null}}"}},"spec":{"containers":[{"name":"main","image":"corex:4.0.0","env":[{"name":"LD_LIBRARY_PATH","value":"/usr/local/corex/lib64:/mine"},{"name":"PATH","value":"/usr/local/corex/bin"},{"name":"IX_MODE","value":"train"}],"resources":{"limits":{"iluvatar.com/gpu":1}},"volumeMounts":[{"name":"ix-driver","mountPath":"/usr/local/corex","readOnly":true},{"name":"ix-itrctl","mountPath":"/dev/itrctl"}]},{"name":"side","image":"corex:4.0.0"}],"volumes":[{"name":"ix-driver","hostPath":{"path":"/usr/local/corex","type":"Directory"}},{"name":"ix-itrctl","hostPath":{"path":"/dev/itrctl","type":"CharDevice"}}],"nodeSelector":{"ix-gpu.io/gpu.present":"true"},"tolerations":[{"key":"iluvatar.com/gpu","operator":"Exists","effect":"NoSchedule"}],"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"ix-gpu.io/gpu.count","operator":"Exists"}]}]}}},"runtimeClassName":"corex"}}'
+)
+
+
+@pytest.mark.parametrize(
+    ("injected", "config"),
+    [(FIRST_FORMAT_DEFAULT, MOVED), (FIRST_FORMAT_RICH, DEFAULT), (FIRST_FORMAT_RICH, MOVED)],
+)
+def test_a_record_in_the_first_format_is_stripped_as_exactly(
+    injected: dict[str, Any], config: CompiledConfig
+) -> None:
+    """Upgrading the webhook does not strand what the earlier version injected: its record is read,
+    and the pod ends as if only the new config had run on what the user wrote."""
+    team = NamespaceFacts("team")
+    user = pod(
+        containers=[
+            container("main", 1, env=[{"name": "LD_LIBRARY_PATH", "value": "/mine"}, {"name": "PATH"}]),
+            container("side"),
+        ]
+    )
+    original = user if injected is FIRST_FORMAT_RICH else pod()
+    then_new = admit(copy.deepcopy(injected), team, config)
+    assert without_records(then_new) == without_records(admit(original, team, config))
+    assert mutate(then_new, "CREATE", team, config).ops == []
+
+
+def test_a_record_of_a_later_format_is_ignored() -> None:
+    obj = pod(
+        annotations={labels.INJECTED: "iluvatar@0000000000", labels.INJECTED_ITEMS: '{"v":3,"vol":["x@y"]}'}
+    )
+    result = mutate(obj, "CREATE", NamespaceFacts("team"), DEFAULT)
+    assert not any(op["op"] == "remove" for op in result.ops)
+
+
+def test_the_record_is_small_for_a_ten_container_pod() -> None:
+    """Stored with every Pod: the record names items, it does not copy them. The benchmark's pod:
+    3 of 10 containers ask for a GPU; each has 13 env vars and 2 mounts."""
+    workers = [
+        container(
+            f"worker-{i}",
+            1 if i < 3 else None,
+            env=[{"name": f"SETTING_{j}", "value": "v" * 40} for j in range(13)],
+            volumeMounts=[
+                {"name": "data", "mountPath": f"/data/{i}"},
+                {"name": "cache", "mountPath": f"/c/{i}"},
+            ],
+        )
+        for i in range(10)
+    ]
+    big = pod(containers=workers, annotations={"team": "ml"})
+    big["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+    result = mutate(big, "CREATE", NamespaceFacts("team"), DEFAULT)
+    after = admit(big, NamespaceFacts("team"), DEFAULT)
+    items = after["metadata"]["annotations"][labels.INJECTED_ITEMS]
+    assert len(items) <= 0.25 * len(json.dumps(result.ops, separators=(",", ":")))
+    grown = len(json.dumps(after["metadata"]["annotations"], separators=(",", ":"))) - len('{"team":"ml"}')
+    assert grown <= 300

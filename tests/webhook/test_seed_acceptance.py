@@ -11,6 +11,7 @@ import jsonpatch
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
+from ix_gpu.webhook.core.injection_record import item_ref
 from ix_gpu.webhook.core.mutation import mutate
 from tests.support.k8s_schema import validate, validate_pod_template
 from tests.support.paths import EXAMPLES, WEBHOOK_FIXTURES, load_yaml
@@ -45,8 +46,7 @@ def test_seed_tfjob_becomes_the_handwritten_one(seed_compiled: CompiledConfig) -
         "annotations": {labels.INJECTED: f"nvidia@{seed_compiled.digest}"},
     }
     captured = json.loads(record)
-    at = captured["at"]
-    assert {"op": "add", "path": f"{at}/spec/volumes", "value": want["spec"]["volumes"]} in captured["ops"]
+    assert captured["vol"] == [item_ref(v["name"], v) for v in want["spec"]["volumes"]]
     validate_pod_template(got)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ix_gpu.devicemodel.webhook_config import Profile, WebhookConfig, Workload
+from ix_gpu.webhook.core.injection_record import item_digest, item_ref
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.
 _MATCH_CACHE_LIMIT = 4096
@@ -28,6 +29,10 @@ class InjectedVolume:
     """The pod-level ``volumes`` entry."""
     mount: dict[str, Any]
     """The container-level ``volumeMounts`` entry."""
+    volume_ref: str
+    mount_ref: str
+    """How ``injected-items`` names the volume (``<name>@<digest>``) and the mount (its digest: a
+    mount's name is a volume's), digested here, once per config."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +58,9 @@ class CompiledProfile:
     tolerations: tuple[dict[str, Any], ...]
     runtime_class_name: str | None
     source: Profile
+    requirement_refs: tuple[str, ...]
+    toleration_refs: tuple[str, ...]
+    """How ``injected-items`` names each of ``node_requirements`` and ``tolerations``."""
 
 
 def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
@@ -64,7 +72,12 @@ def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
         mount: dict[str, Any] = {"name": spec.name, "mountPath": spec.mount_path}
         if spec.read_only:
             mount["readOnly"] = True
-        volumes.append(InjectedVolume(spec.name, {"name": spec.name, "hostPath": host_path}, mount))
+        volume = {"name": spec.name, "hostPath": host_path}
+        volumes.append(
+            InjectedVolume(spec.name, volume, mount, item_ref(spec.name, volume), str(item_digest(mount)))
+        )
+    requirements = tuple(r.to_k8s() for r in profile.affinity.required_node_expressions)
+    tolerations = tuple(t.to_k8s() for t in profile.tolerations)
     return CompiledProfile(
         name=profile.name,
         index=index,
@@ -72,10 +85,12 @@ def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
         volumes=tuple(volumes),
         env=tuple(InjectedEnv(e.name, e.value, e.mode.value) for e in profile.env),
         node_selector=tuple(profile.node_selector.items()),
-        node_requirements=tuple(r.to_k8s() for r in profile.affinity.required_node_expressions),
-        tolerations=tuple(t.to_k8s() for t in profile.tolerations),
+        node_requirements=requirements,
+        tolerations=tolerations,
         runtime_class_name=profile.runtime_class_name,
         source=profile,
+        requirement_refs=tuple(item_ref(r.get("key"), r) for r in requirements),
+        toleration_refs=tuple(item_ref(t.get("key", ""), t) for t in tolerations),
     )
 
 

@@ -1,25 +1,50 @@
 """What one injection added to a pod template, recorded on it, so a later config can take it back.
 
 Istio's injector records what it injected and removes exactly that before it injects again; this is
-the same idea. After injecting, the template gets ``ix-gpu.io/injected-items``: a small JSON record
-of the volumes, mounts, env values, ``privileged``, node selector entries, tolerations, node
-affinity expressions and runtime class this webhook added: the patch ops themselves, relative to
-the template (so the record cannot disagree with what was done), encoded in C on the hot path and
-interpreted only when a record is stripped.
+the same idea. After injecting, the template gets ``ix-gpu.io/injected-items``, a small JSON object
+that names each item this webhook added, and no more than it takes to find that item again and to
+tell whether it is still as written:
+
+- ``vol``, ``tol``: pod volumes and tolerations, each as ``<name or key>@<digest>``;
+- ``sel``: node selector entries as written; ``rc``: the runtime class name;
+- ``aff``: node affinity expressions (``<key>@<digest>``) per required term, and which levels and
+  lists the injection created;
+- ``c`` / ``i``: per container (``containers`` / ``initContainers``), grouped by name when several
+  got the same items (the common case: every GPU container gets one profile): mounts
+  (``<name>@<digest>``), env entries as ``[name, value written]`` (an entry we appended),
+  ``[name, value written, previous value]`` (a user's entry whose value we changed) or
+  ``[name, value written, null]`` (a user's entry without a value that we gave one), and ``p``
+  when we set ``privileged``;
+- ``new``: the lists and maps the injection created, removed again once stripping empties them.
+
+The digest (:func:`item_digest`) is a short hash of the item with empty fields dropped, the same
+equality :func:`~.pod_injection.same` uses, so the apiserver's defaulting (``hostPath.type: ""``)
+does not make an injected item look changed. A record of the whole patch ops (this module's first
+format) was 43 % of the answer for a 10-container pod and was stored with every Pod; this one is a
+fraction of it. The config's items are digested once, when the config is compiled.
 
 When a template carries a record made under another config digest (the operator changed the
 config; or a TFJob template injected last week produces a Pod today), :func:`strip_stale` removes
 exactly the recorded items that are still there *as recorded*, then the current config is applied
 as if to the user's original object. An item the user changed since, or wrote themselves, is never
-touched: removal compares semantically (:func:`~.pod_injection.same`), and an env value is
-restored only while it still holds exactly what was written. Objects injected before records
-existed (an ``injected`` annotation without ``injected-items``) are left as they are, as before.
+touched, and an env value is restored only while it still holds exactly what was written.
+
+Records in the first format (``{"at": ..., "ops": [...]}``, written by earlier versions) are read
+too, converted to this form, and stripped the same way: they are exact records of what an earlier
+version injected, and a pod made from a template injected before the upgrade should get the new
+config's items, not both. Objects injected before records existed (an ``injected`` annotation
+without ``injected-items``) are left as they are: nothing is known about them.
+
+Checking for a stale record costs two dictionary lookups and a string comparison per template, so
+the common case (no record, or one made under the current config) pays nothing more.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
-import re
+import hashlib
+from collections.abc import Sized
 from typing import Any
 
 import orjson
@@ -30,151 +55,149 @@ from ix_gpu.webhook.core.templates import PodTemplate
 
 ITEMS = labels.INJECTED_ITEMS
 _AFFINITY_LEVELS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
-_CONTAINER_LISTS = ("containers", "initContainers")
+_LIST_KEYS = {"c": "containers", "i": "initContainers"}
+_SPEC_CREATED = {"vol": "volumes", "tol": "tolerations", "sel": "nodeSelector"}
+_CONTAINER_CREATED = {"m": "volumeMounts", "e": "env", "p": "securityContext"}
+"""``new`` names a created list or map by the key its items are recorded under."""
+
+MAX_RECORD_CHARS = 32 << 10
+MAX_RECORDED = 64
+"""Entries per recorded list, and container groups, names or terms per record. Stripping compares
+each recorded entry with the object's entries; a record is the object's own annotation (its author
+could write anything), so its size must not multiply the work of a large object."""
+_MAX_DIGESTED_NODES = 256
+_MAX_DIGESTED_DEPTH = 8
+"""How much of an object's entry is digested when it is compared with a record: an injected item is
+a few small maps deep, so anything bigger is not one of ours and is not walked."""
 
 
-def _unescape(part: str) -> str:
-    return part.replace("~1", "/").replace("~0", "~") if "~" in part else part
+class _NotOurs(ValueError):
+    """A record, or an object's entry, that cannot be what this webhook wrote."""
 
 
-def _container(spec: dict[str, Any], list_name: str, index: int) -> dict[str, Any]:
-    entries = spec.get(list_name)
-    if isinstance(entries, list) and 0 <= index < len(entries):
-        entry = entries[index]
-        if isinstance(entry, dict):
-            return entry
-    return {}
+def _empty(value: Any) -> bool:
+    return value is None or value is False or value == "" or value == [] or value == {}
 
 
-_ENV_VALUE = re.compile(r"/spec/(containers|initContainers)/([0-9]+)/env/([0-9]+)/value")
+def _normal(value: Any, depth: int, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0 or depth > _MAX_DIGESTED_DEPTH:
+        raise _NotOurs("too large to be an injected item")
+    if isinstance(value, dict):
+        return {k: _normal(v, depth + 1, budget) for k, v in value.items() if not _empty(v)}
+    if isinstance(value, list):
+        return [_normal(v, depth + 1, budget) for v in value]
+    return value
 
 
-def capture(template_pointer: str, spec: dict[str, Any], ops: list[Op]) -> str:
-    """What goes into ``injected-items``: this template's ops as they are, where the template was,
-    and the value each env entry had before we set it. On the admission hot path, so it only
-    encodes (in C); :func:`_interpret` reads it, and only when stripping."""
-    previous: dict[str, Any] = {}
-    cut = len(template_pointer)
-    for op in ops:
-        path = op["path"]
-        if not path.endswith("/value"):
-            continue
-        # Matched relative to the template and whole: a user's replica key may be called "env",
-        # and an operator's nodeSelector key "value".
-        env_value = _ENV_VALUE.fullmatch(path, cut)
-        if env_value is not None:  # an existing env entry's value was set
-            list_name, index, entry_index = env_value.groups()
-            entry = spec[list_name][int(index)]["env"][int(entry_index)]
-            before = entry.get("value")
-            previous[path[cut:]] = before if isinstance(before, str) else None
-    record: dict[str, Any] = {"at": template_pointer, "ops": ops}
-    if previous:
-        record["previous"] = previous
-    return _encode(record)
-
-
-def _encode(data: dict[str, Any]) -> str:
-    return orjson.dumps(data).decode()
-
-
-def _interpret(spec: dict[str, Any], captured: dict[str, Any]) -> dict[str, Any]:
-    """The items a captured record added, keyed the way stripping finds them (by name, by
-    semantic equality), from the ops as :func:`capture` stored them."""
-    record: dict[str, Any] = {}
-    previous = captured.get("previous", {})
-    cut = len(captured["at"])
-    for op in captured["ops"]:
-        path, value = op["path"][cut:], op.get("value")
-        if not path.startswith("/spec/"):
-            continue
-        parts = [_unescape(p) for p in path[len("/spec/") :].split("/")]
-        head = parts[0]
-        if len(parts) == 1 and head in ("volumes", "tolerations", "nodeSelector"):
-            record.setdefault("created", []).append(head)
-        if head in ("volumes", "tolerations"):
-            record.setdefault(head, []).extend(value if len(parts) == 1 else [value])
-        elif head == "nodeSelector":
-            record.setdefault(head, {}).update(value if len(parts) == 1 else {parts[1]: value})
-        elif head == "runtimeClassName":
-            record[head] = value
-        elif head == "affinity":
-            _record_affinity(record, parts, value)
-        elif head in _CONTAINER_LISTS and len(parts) >= 3 and parts[1].isdigit():
-            body = _container(spec, head, int(parts[1]))
-            name = body.get("name")
-            if isinstance(name, str) and len(name) <= 253:  # a longer one is no valid name to key on
-                mine = record.setdefault("containers", {}).setdefault(f"{head}/{name}", {})
-                _record_container(mine, body, parts[2:], value, previous.get(path, _ABSENT))
-                if len(parts) == 3:
-                    mine.setdefault("created", []).append(parts[2])
-    return record
-
-
-def _record_affinity(record: dict[str, Any], parts: list[str], value: Any) -> None:
-    """Which expressions went into which term (by index), and which lists or levels were created:
-    the same expression the user wrote in another term is theirs, not ours."""
-    entry = record.setdefault("nodeAffinity", {"created": False, "terms": {}})
-    levels = (*_AFFINITY_LEVELS, "nodeSelectorTerms")
-    if tuple(parts) == levels[: len(parts)]:
-        # A level was missing and added whole, holding one term of our expressions.
-        entry["created"] = True
-        node = value
-        for level in levels[len(parts) :]:
-            node = node[level]
-        entry["terms"]["0"] = {"expressions": list(node[0]["matchExpressions"]), "created": True}
-        return
-    term = entry["terms"].setdefault(parts[len(levels)], {"expressions": [], "created": False})
-    if parts[-1] == "matchExpressions":  # the term had none: the list was created
-        term["created"] = True
-        term["expressions"].extend(value)
-    else:  # .../matchExpressions/-
-        term["expressions"].append(value)
-
-
-_ABSENT = object()
-
-
-def _record_container(
-    mine: dict[str, Any], body: dict[str, Any], rest: list[str], value: Any, before: Any
-) -> None:
-    field = rest[0]
-    if field == "volumeMounts":
-        mine.setdefault(field, []).extend(value if len(rest) == 1 else [value])
-    elif field == "securityContext":
-        mine["privileged"] = True
-    elif field == "env" and len(rest) <= 2:  # the list created, or entries appended
-        for item in value if len(rest) == 1 else [value]:
-            mine.setdefault("env", []).append({"name": item["name"], "wrote": item["value"]})
-    elif field == "env" and len(rest) == 3 and rest[1].isdigit():  # an existing entry's value set
-        entries = body.get("env")
-        entry = entries[int(rest[1])] if isinstance(entries, list) else {}
-        written = {"name": entry.get("name"), "wrote": value}
-        if isinstance(before, str):
-            written["previous"] = before
-        elif before is _ABSENT:
-            written["kept"] = True  # the entry was the user's, without a value
-        else:
-            return  # it held no string (invalid): nothing to restore, so left as it is
-        mine.setdefault("env", []).append(written)
-
-
-def merge_captured(stored: str, new: str) -> str:
-    """``new`` appended to the record already on the template (a second pass under the same
-    config that still had something to add, e.g. a container added by another webhook)."""
+def item_digest(value: Any) -> str | None:
+    """Six characters (36 bits) that identify ``value`` up to empty fields; None when ``value`` is
+    too big or odd to be an injected item (nothing recorded can match it). An object's own entry
+    matches a recorded digest by chance about once in 7 * 10**10, and then only under the same
+    name or key."""
     try:
-        old = orjson.loads(stored) if len(stored) <= MAX_RECORD_CHARS else None
-    except orjson.JSONDecodeError:
-        old = None
-    if not isinstance(old, dict) or not isinstance(old.get("ops"), list):
+        encoded = orjson.dumps(_normal(value, 0, [_MAX_DIGESTED_NODES]), option=orjson.OPT_SORT_KEYS)
+    except (_NotOurs, TypeError, orjson.JSONEncodeError):
+        return None
+    return base64.urlsafe_b64encode(hashlib.blake2b(encoded, digest_size=6).digest())[:6].decode()
+
+
+def item_ref(name: Any, value: Any) -> str:
+    """``<name>@<digest>``: how the record names one injected item."""
+    return f"{name if isinstance(name, str) else ''}@{item_digest(value)}"
+
+
+class TemplateRecord:
+    """The items one injection pass adds to one template, collected while merging (the hot path:
+    plain appends, encoded once by :meth:`encode`)."""
+
+    __slots__ = ("affinity", "containers", "created", "runtime_class", "selector", "tolerations", "volumes")
+
+    def __init__(self) -> None:
+        self.volumes: list[str] = []
+        self.tolerations: list[str] = []
+        self.created: list[str] = []
+        self.selector: dict[str, str] | None = None
+        self.runtime_class: str | None = None
+        self.affinity: dict[str, Any] | None = None
+        self.containers: list[tuple[str, str, dict[str, Any]]] = []
+        """(list name, container name, what it got: ``m``, ``e``, ``p``, ``new``)."""
+
+    def encode(self) -> str:
+        record: dict[str, Any] = {}
+        if self.volumes:
+            record["vol"] = self.volumes
+        if self.tolerations:
+            record["tol"] = self.tolerations
+        if self.selector:
+            record["sel"] = self.selector
+        if self.runtime_class is not None:
+            record["rc"] = self.runtime_class
+        if self.affinity is not None:
+            record["aff"] = self.affinity
+        if self.created:
+            record["new"] = self.created
+        for list_name, name, mine in self.containers:
+            _add_to_group(record, "i" if list_name == "initContainers" else "c", name, mine)
+        return orjson.dumps(record).decode()
+
+
+def _add_to_group(record: dict[str, Any], list_key: str, name: str, mine: dict[str, Any]) -> None:
+    """Containers that got the same items share one entry, keyed by their names joined with ``,``
+    (a container name is a DNS label: it holds no comma)."""
+    if "," in name or not name or len(name) > 253:
+        return  # not a name to find a container by again
+    groups: dict[str, Any] = record.setdefault(list_key, {})
+    for key, theirs in groups.items():
+        if theirs == mine:
+            del groups[key]
+            groups[f"{key},{name}"] = theirs
+            return
+    groups[name] = mine
+
+
+def merge_records(stored: str, new: str, spec: dict[str, Any]) -> str:
+    """``new`` added to the record already on the template (a second pass under the same config that
+    still had something to add, e.g. a container added by another webhook)."""
+    try:
+        old = _read(stored, spec)
+    except (_NotOurs, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
         return new
     added = orjson.loads(new)
-    if old.get("at") != added["at"]:
-        return new
-    merged = {"at": added["at"], "ops": old["ops"] + added["ops"]}
-    previous = {**(old.get("previous") or {}), **added.get("previous", {})}
-    if previous:
-        merged["previous"] = previous
-    return _encode(merged)
+    for key in ("vol", "tol", "new"):
+        if key in added:
+            old[key] = [*old.get(key, []), *(item for item in added[key] if item not in old.get(key, []))]
+    if "sel" in added:
+        old["sel"] = {**old.get("sel", {}), **added["sel"]}
+    if "rc" in added:
+        old["rc"] = added["rc"]
+    if "aff" in added:
+        mine = old.setdefault("aff", {"new": 0, "terms": {}})
+        mine["new"] = int(bool(mine["new"] or added["aff"]["new"]))
+        for index, term in added["aff"]["terms"].items():
+            have = mine["terms"].setdefault(index, {"new": 0, "x": []})
+            have["new"] = int(bool(have["new"] or term["new"]))
+            have["x"] = have["x"] + term["x"]
+    for list_key in _LIST_KEYS:
+        for names, mine in added.get(list_key, {}).items():
+            old.setdefault(list_key, {})[names] = mine
+    return orjson.dumps(old).decode()
+
+
+def _read(items: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A record in this module's format, from either format (raises when it is not one)."""
+    if len(items) > MAX_RECORD_CHARS:  # far above any record we write: not ours to parse
+        raise _NotOurs("record too long")
+    data = orjson.loads(items)
+    if not isinstance(data, dict):
+        raise _NotOurs("not a record")
+    if "ops" in data or "at" in data:  # the first format
+        if isinstance(data.get("ops"), list) and isinstance(data.get("at"), str):
+            return _from_ops(spec, data)
+        raise _NotOurs("not a record")
+    if "v" in data:  # a later format, which this version cannot read
+        raise _NotOurs("not a record this version reads")
+    return data
 
 
 def _stored(body: dict[str, Any], digest: str) -> dict[str, Any] | None:
@@ -186,45 +209,13 @@ def _stored(body: dict[str, Any], digest: str) -> dict[str, Any] | None:
     injected, items = annotations.get(labels.INJECTED), annotations.get(ITEMS)
     if not isinstance(injected, str) or not isinstance(items, str) or injected.endswith("@" + digest):
         return None
-    if len(items) > MAX_RECORD_CHARS:  # far above any record we write: not ours to parse
-        return None
     try:
-        captured = orjson.loads(items)
-        record = _interpret(body.get("spec") or {}, captured)
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return _read(items, body.get("spec") or {})
+    except (_NotOurs, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
         return None  # not a record we wrote
-    return record if _plausible(record) else None
 
 
-MAX_RECORD_CHARS = 32 << 10
-MAX_RECORDED = 64
-"""Entries per recorded list, and containers or terms per record. Stripping compares each recorded
-entry with the object's entries; a record is the object's own annotation (its author could write
-anything), so its size must not multiply the work of a large object."""
-
-
-def _plausible(record: dict[str, Any]) -> bool:
-    def small(value: Any) -> bool:
-        return isinstance(value, list | dict) and len(value) <= MAX_RECORDED
-
-    try:
-        containers = record.get("containers", {})
-        terms = record.get("nodeAffinity", {}).get("terms", {})
-        return (
-            all(small(record.get(key, [])) for key in ("volumes", "tolerations", "nodeSelector", "created"))
-            and small(containers)
-            and all(
-                small(mine) and all(small(v) for v in mine.values() if not isinstance(v, bool))
-                for mine in containers.values()
-            )
-            and small(terms)
-            and all(small(term.get("expressions", [])) for term in terms.values())
-        )
-    except (AttributeError, TypeError):
-        return False
-
-
-def strip_stale(template: PodTemplate, digest: str, same: Any) -> tuple[PodTemplate, list[Op]]:
+def strip_stale(template: PodTemplate, digest: str) -> tuple[PodTemplate, list[Op]]:
     """Remove what an injection under another config recorded; returns the template as it is after
     the removal (a copy, when anything was removed) and the ops that remove it, in order."""
     record = _stored(template.body, digest)
@@ -236,8 +227,8 @@ def strip_stale(template: PodTemplate, digest: str, same: Any) -> tuple[PodTempl
     spec_ptr = f"{template.pointer}/spec"
     ops: list[Op] = []
     try:
-        _strip(spec, spec_ptr, record, same, ops)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        _strip(spec, spec_ptr, record, ops)
+    except (_NotOurs, KeyError, TypeError, ValueError, AttributeError, IndexError):
         return template, []  # a record we cannot read is not acted on
     metadata_ptr = f"{template.pointer}/metadata/annotations"
     annotations = body["metadata"]["annotations"]
@@ -250,50 +241,77 @@ def strip_stale(template: PodTemplate, digest: str, same: Any) -> tuple[PodTempl
     return PodTemplate(template.pointer, template.where, body), ops
 
 
-def _remove_matching(
-    entries: Any, recorded: list[Any], same: Any, path: str, ops: list[Op]
-) -> None:
+# -- reading a record: every part is checked for shape and size before it is acted on ------------
+
+
+def _bounded(value: Any, kind: type[Sized]) -> Any:
+    if not isinstance(value, kind) or len(value) > MAX_RECORDED:
+        raise _NotOurs("not a record")
+    return value
+
+
+def _strings(value: Any) -> list[str]:
+    items: list[Any] = _bounded(value, list)
+    if not all(isinstance(item, str) for item in items):
+        raise _NotOurs("not a record")
+    return items
+
+
+def _strip(spec: dict[str, Any], spec_ptr: str, record: dict[str, Any], ops: list[Op]) -> None:
+    _remove_refs(spec.get("volumes"), _strings(record.get("vol", [])), "name", f"{spec_ptr}/volumes", ops)
+    for list_key, list_name in _LIST_KEYS.items():
+        entries = spec.get(list_name)
+        groups = _bounded(record.get(list_key, {}), dict)
+        if not isinstance(entries, list):
+            continue
+        for names, mine in groups.items():
+            for name in _strings(names.split(",")):
+                for index, body in enumerate(entries):
+                    if isinstance(body, dict) and body.get("name") == name:
+                        _strip_container(body, f"{spec_ptr}/{list_name}/{index}", _bounded(mine, dict), ops)
+                        break
+    tolerations = _strings(record.get("tol", []))
+    _remove_refs(spec.get("tolerations"), tolerations, "key", f"{spec_ptr}/tolerations", ops)
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict):
+        for key, value in _bounded(record.get("sel", {}), dict).items():
+            if selector.get(key) == value:
+                ops.append({"op": "remove", "path": f"{spec_ptr}/nodeSelector/{token(key)}"})
+                del selector[key]
+    if "rc" in record and spec.get("runtimeClassName") == record["rc"]:
+        ops.append({"op": "remove", "path": f"{spec_ptr}/runtimeClassName"})
+        del spec["runtimeClassName"]
+    if "aff" in record:
+        _strip_affinity(spec, spec_ptr, _bounded(record["aff"], dict), ops)
+    _remove_emptied(spec, spec_ptr, _strings(record.get("new", [])), _SPEC_CREATED, ops)
+
+
+def _remove_refs(entries: Any, refs: list[str], key: str | None, path: str, ops: list[Op]) -> None:
+    """Remove the last entry that each ``<name>@<digest>`` (or, without ``key``, each digest)
+    names, if it is still as written."""
     if not isinstance(entries, list):
         return
-    for wanted in recorded:
+    for ref in refs:
+        name, _, digest = ref.rpartition("@")
         for index in range(len(entries) - 1, -1, -1):
-            if same(entries[index], wanted):
+            entry = entries[index]
+            if (
+                isinstance(entry, dict)
+                and (key is None or entry.get(key, "") == name)
+                and item_digest(entry) == digest
+            ):
                 ops.append({"op": "remove", "path": f"{path}/{index}"})
                 del entries[index]
                 break
 
 
-def _strip(spec: dict[str, Any], spec_ptr: str, record: dict[str, Any], same: Any, ops: list[Op]) -> None:
-    _remove_matching(spec.get("volumes"), record.get("volumes", []), same, f"{spec_ptr}/volumes", ops)
-    for key, mine in record.get("containers", {}).items():
-        list_name, _, name = key.partition("/")
-        entries = spec.get(list_name)
-        if list_name not in _CONTAINER_LISTS or not isinstance(entries, list):
-            continue
-        for index, body in enumerate(entries):
-            if isinstance(body, dict) and body.get("name") == name:
-                _strip_container(body, f"{spec_ptr}/{list_name}/{index}", mine, same, ops)
-                break
-    tolerations = record.get("tolerations", [])
-    _remove_matching(spec.get("tolerations"), tolerations, same, f"{spec_ptr}/tolerations", ops)
-    selector = spec.get("nodeSelector")
-    if isinstance(selector, dict):
-        for key, value in record.get("nodeSelector", {}).items():
-            if selector.get(key) == value:
-                ops.append({"op": "remove", "path": f"{spec_ptr}/nodeSelector/{token(key)}"})
-                del selector[key]
-    if "runtimeClassName" in record and spec.get("runtimeClassName") == record["runtimeClassName"]:
-        ops.append({"op": "remove", "path": f"{spec_ptr}/runtimeClassName"})
-        del spec["runtimeClassName"]
-    if "nodeAffinity" in record:
-        _strip_affinity(spec, spec_ptr, record["nodeAffinity"], same, ops)
-    _remove_emptied(spec, spec_ptr, record.get("created", []), ops)
-
-
-def _remove_emptied(parent: dict[str, Any], ptr: str, created: list[str], ops: list[Op]) -> None:
+def _remove_emptied(
+    parent: dict[str, Any], ptr: str, created: list[str], fields: dict[str, str], ops: list[Op]
+) -> None:
     """A list or map the injection created and stripping emptied goes too (the user had none)."""
-    for key in created:
-        if key in parent and parent[key] in ([], {}):
+    for name in created:
+        key = fields.get(name)
+        if key is not None and key in parent and parent[key] in ([], {}):
             ops.append({"op": "remove", "path": f"{ptr}/{token(key)}"})
             del parent[key]
 
@@ -306,35 +324,34 @@ def _last_named(entries: list[Any], name: str) -> int:
     return -1
 
 
-def _strip_container(body: dict[str, Any], ptr: str, mine: dict[str, Any], same: Any, ops: list[Op]) -> None:
-    mounts = mine.get("volumeMounts", [])
-    _remove_matching(body.get("volumeMounts"), mounts, same, f"{ptr}/volumeMounts", ops)
+def _strip_container(body: dict[str, Any], ptr: str, mine: dict[str, Any], ops: list[Op]) -> None:
+    _remove_refs(body.get("volumeMounts"), _strings(mine.get("m", [])), None, f"{ptr}/volumeMounts", ops)
     env = body.get("env")
     if isinstance(env, list):
-        for written in mine.get("env", []):
-            index = _last_named(env, written["name"])
-            if index < 0 or env[index].get("value") != written["wrote"] or "valueFrom" in env[index]:
+        for written in _bounded(mine.get("e", []), list):
+            name, wrote = _strings(_bounded(written, list)[:2])
+            if len(written) > 3 or (len(written) == 3 and not isinstance(written[2], str | None)):
+                raise _NotOurs("not a record")
+            index = _last_named(env, name)
+            if index < 0 or env[index].get("value") != wrote or "valueFrom" in env[index]:
                 continue  # gone, or changed since: the user's now
-            if "previous" in written:
-                previous = written["previous"]
-                ops.append({"op": "replace", "path": f"{ptr}/env/{index}/value", "value": previous})
-                env[index]["value"] = previous
-            elif written.get("kept"):
-                ops.append({"op": "remove", "path": f"{ptr}/env/{index}/value"})
-                del env[index]["value"]
-            else:
+            if len(written) == 2:  # an entry we appended
                 ops.append({"op": "remove", "path": f"{ptr}/env/{index}"})
                 del env[index]
+            elif isinstance(written[2], str):  # the user's value, which we changed
+                ops.append({"op": "replace", "path": f"{ptr}/env/{index}/value", "value": written[2]})
+                env[index]["value"] = written[2]
+            else:  # the user's entry had no value; we gave it one
+                ops.append({"op": "remove", "path": f"{ptr}/env/{index}/value"})
+                del env[index]["value"]
     context = body.get("securityContext")
-    if mine.get("privileged") and isinstance(context, dict) and context.get("privileged") is True:
+    if mine.get("p") and isinstance(context, dict) and context.get("privileged") is True:
         ops.append({"op": "remove", "path": f"{ptr}/securityContext/privileged"})
         del context["privileged"]
-    _remove_emptied(body, ptr, mine.get("created", []), ops)
+    _remove_emptied(body, ptr, _strings(mine.get("new", [])), _CONTAINER_CREATED, ops)
 
 
-def _strip_affinity(
-    spec: dict[str, Any], spec_ptr: str, entry: dict[str, Any], same: Any, ops: list[Op]
-) -> None:
+def _strip_affinity(spec: dict[str, Any], spec_ptr: str, entry: dict[str, Any], ops: list[Op]) -> None:
     node: Any = spec
     for level in _AFFINITY_LEVELS:
         node = node.get(level) if isinstance(node, dict) else None
@@ -342,17 +359,17 @@ def _strip_affinity(
     if not isinstance(terms, list):
         return
     terms_ptr = f"{spec_ptr}/{'/'.join(_AFFINITY_LEVELS)}/nodeSelectorTerms"
-    for index, mine in entry.get("terms", {}).items():
+    for index, mine in _bounded(entry.get("terms", {}), dict).items():
         term = terms[int(index)] if int(index) < len(terms) else None
         if isinstance(term, dict):
             path = f"{terms_ptr}/{index}/matchExpressions"
-            _remove_matching(term.get("matchExpressions"), mine["expressions"], same, path, ops)
-            created = ["matchExpressions"] if mine["created"] else []
-            _remove_emptied(term, f"{terms_ptr}/{index}", created, ops)
+            _remove_refs(term.get("matchExpressions"), _strings(mine["x"]), "key", path, ops)
+            created = ["x"] if mine["new"] else []
+            _remove_emptied(term, f"{terms_ptr}/{index}", created, {"x": "matchExpressions"}, ops)
     emptied = all(
         isinstance(t, dict) and not t.get("matchExpressions") and not t.get("matchFields") for t in terms
     )
-    if entry.get("created") and emptied:
+    if entry.get("new") and emptied:
         # We created the required affinity: with our expressions gone it would hold empty terms,
         # which match no node. Remove it, and the levels above it that it leaves empty.
         parents: list[dict[str, Any]] = [spec]
@@ -364,3 +381,99 @@ def _strip_affinity(
                 break
             ops.append({"op": "remove", "path": f"{spec_ptr}/{'/'.join(_AFFINITY_LEVELS[: depth + 1])}"})
             del parent[level]
+
+
+# -- the first format: the patch ops themselves, relative to the template ------------------------
+
+
+def _unescape(part: str) -> str:
+    return part.replace("~1", "/").replace("~0", "~") if "~" in part else part
+
+
+def _from_ops(spec: dict[str, Any], captured: dict[str, Any]) -> dict[str, Any]:
+    """A first-format record (the ops as they were applied, and the env values they replaced) in
+    this module's format: each added item named by its digest, as if recorded today."""
+    record: dict[str, Any] = {}
+    previous = _bounded(captured.get("previous", {}), dict)
+    cut = len(captured["at"])
+    containers: dict[tuple[str, str], dict[str, Any]] = {}
+    for op in _bounded(captured["ops"], list):
+        path, value = op["path"][cut:], op.get("value")
+        if not path.startswith("/spec/"):
+            continue
+        parts = [_unescape(p) for p in path[len("/spec/") :].split("/")]
+        head = parts[0]
+        if len(parts) == 1 and head in _SPEC_FIELDS:
+            record.setdefault("new", []).append(_SPEC_FIELDS[head])
+        values = _bounded(value, list) if len(parts) == 1 and head in ("volumes", "tolerations") else [value]
+        if head == "volumes":
+            record.setdefault("vol", []).extend(item_ref(v.get("name"), v) for v in values)
+        elif head == "tolerations":
+            record.setdefault("tol", []).extend(item_ref(t.get("key", ""), t) for t in values)
+        elif head == "nodeSelector":
+            record.setdefault("sel", {}).update(value if len(parts) == 1 else {parts[1]: value})
+        elif head == "runtimeClassName":
+            record["rc"] = value
+        elif head == "affinity":
+            _affinity_from_op(record, parts, value)
+        elif head in ("containers", "initContainers") and len(parts) >= 3 and parts[1].isdigit():
+            entries = spec.get(head)
+            index = int(parts[1])
+            body = entries[index] if isinstance(entries, list) and index < len(entries) else None
+            name = body.get("name") if isinstance(body, dict) else None
+            if isinstance(body, dict) and isinstance(name, str):
+                mine = containers.setdefault((head, name), {})
+                _container_from_op(mine, body, parts[2:], value, previous.get(path, _ABSENT))
+    for (list_name, name), mine in containers.items():
+        if mine:
+            _add_to_group(record, "i" if list_name == "initContainers" else "c", name, mine)
+    return record
+
+
+_ABSENT = object()
+_SPEC_FIELDS = {field: key for key, field in _SPEC_CREATED.items()}
+_CONTAINER_FIELDS = {field: key for key, field in _CONTAINER_CREATED.items()}
+
+
+def _affinity_from_op(record: dict[str, Any], parts: list[str], value: Any) -> None:
+    entry = record.setdefault("aff", {"new": 0, "terms": {}})
+    levels = (*_AFFINITY_LEVELS, "nodeSelectorTerms")
+    if tuple(parts) == levels[: len(parts)]:  # a level was missing and added whole, with one term
+        entry["new"] = 1
+        node = value
+        for level in levels[len(parts) :]:
+            node = node[level]
+        expressions = node[0]["matchExpressions"]
+        entry["terms"]["0"] = {"new": 1, "x": [item_ref(e.get("key"), e) for e in expressions]}
+        return
+    term = entry["terms"].setdefault(parts[len(levels)], {"new": 0, "x": []})
+    if parts[-1] == "matchExpressions":  # the term had none: the list was created
+        term["new"] = 1
+        term["x"].extend(item_ref(e.get("key"), e) for e in value)
+    else:  # .../matchExpressions/-
+        term["x"].append(item_ref(value.get("key"), value))
+
+
+def _container_from_op(
+    mine: dict[str, Any], body: dict[str, Any], rest: list[str], value: Any, before: Any
+) -> None:
+    field = rest[0]
+    if len(rest) == 1 and field in _CONTAINER_FIELDS:
+        mine.setdefault("new", []).append(_CONTAINER_FIELDS[field])
+    if field == "volumeMounts":
+        mounts = value if len(rest) == 1 else [value]
+        mine.setdefault("m", []).extend(str(item_digest(m)) for m in mounts)
+    elif field == "securityContext":
+        mine["p"] = 1
+    elif field == "env" and len(rest) <= 2:  # the list created, or entries appended
+        for item in value if len(rest) == 1 else [value]:
+            mine.setdefault("e", []).append([item["name"], item["value"]])
+    elif field == "env" and len(rest) == 3 and rest[1].isdigit():  # an existing entry's value set
+        entries = body.get("env")
+        entry = entries[int(rest[1])] if isinstance(entries, list) else {}
+        # The first format wrote null for an entry without a value (an env value held anything
+        # else would not have passed the apiserver's validation): we gave it one, so take it back.
+        if isinstance(before, str) or before is None:
+            mine.setdefault("e", []).append(
+                [entry.get("name"), value, before if isinstance(before, str) else None]
+            )

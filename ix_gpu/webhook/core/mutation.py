@@ -18,7 +18,7 @@ from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied, skipped
 from ix_gpu.webhook.core.gpu_requests import GpuContainer, GpuRequestError, gpu_containers
 from ix_gpu.webhook.core.injection_record import strip_stale
-from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template, same
+from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template
 from ix_gpu.webhook.core.templates import PodTemplate, TemplateKeyError, find_templates
 
 _PSA_LEVELS = ("privileged", "baseline", "restricted")
@@ -153,7 +153,7 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
                 continue
             # Injected under another config: take back what that injection recorded, then decide
             # on the template as it is without it (see injection_record).
-            template, removal = strip_stale(found, config.digest, same)
+            template, removal = strip_stale(found, config.digest)
             stale_ops += removal
             containers = gpu_containers(
                 template.body["spec"], config, template.where, MAX_GPU_CONTAINERS - gpu_container_count

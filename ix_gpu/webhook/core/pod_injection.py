@@ -21,7 +21,7 @@ from ix_gpu.devicemodel.webhook_config import EnvMode, Privileged
 from ix_gpu.webhook.core import patch_ops
 from ix_gpu.webhook.core.compiled_config import CompiledProfile, InjectedEnv
 from ix_gpu.webhook.core.gpu_requests import GpuContainer
-from ix_gpu.webhook.core.injection_record import capture, merge_captured
+from ix_gpu.webhook.core.injection_record import TemplateRecord, item_ref, merge_records
 from ix_gpu.webhook.core.patch_ops import Op, token
 from ix_gpu.webhook.core.templates import PodTemplate
 
@@ -179,27 +179,35 @@ def _inject_template(
             by_index[profile.index] = profile
     profiles = [by_index[i] for i in sorted(by_index)]
 
-    mountable = _merge_volumes(spec, spec_ptr, where, profiles, run)
+    record = TemplateRecord()
+    mountable = _merge_volumes(spec, spec_ptr, where, profiles, run, record)
     for container in containers:
-        _merge_container(container, spec_ptr, where, mountable, run)
-    _merge_node_selector(spec, spec_ptr, where, profiles, run)
-    _merge_tolerations(spec, spec_ptr, profiles, run)
+        _merge_container(container, spec_ptr, where, mountable, run, record)
+    _merge_node_selector(spec, spec_ptr, where, profiles, run, record)
+    _merge_tolerations(spec, spec_ptr, profiles, run, record)
     requirements = [r for p in profiles for r in p.node_requirements]
+    refs = [ref for p in profiles for ref in p.requirement_refs]
     if gpu_types:
-        requirements.append({"key": labels.GPU_PRODUCT, "operator": "In", "values": gpu_types})
-    _merge_required_node_affinity(spec, spec_ptr, requirements, run)
-    _merge_runtime_class(spec, spec_ptr, where, profiles, run)
+        wanted = {"key": labels.GPU_PRODUCT, "operator": "In", "values": gpu_types}
+        requirements.append(wanted)
+        refs.append(item_ref(labels.GPU_PRODUCT, wanted))
+    _merge_required_node_affinity(spec, spec_ptr, requirements, refs, run, record)
+    _merge_runtime_class(spec, spec_ptr, where, profiles, run, record)
 
     names = [p.name for p in profiles]
     for name in names:
         run.profiles_used[name] = None
-    ops = run.ops[start:]
-    record = capture(template.pointer, spec, ops) if ops else None
-    _set_injected_annotations(template, "+".join(names) + "@" + run.digest, record, run)
+    encoded = record.encode() if len(run.ops) > start else None
+    _set_injected_annotations(template, "+".join(names) + "@" + run.digest, encoded, run)
 
 
 def _merge_volumes(
-    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+    spec: dict[str, Any],
+    spec_ptr: str,
+    where: str,
+    profiles: list[CompiledProfile],
+    run: InjectionRun,
+    record: TemplateRecord,
 ) -> set[str]:
     """Add pod volumes; returns the names of our volumes that containers may mount."""
     existing = spec.get("volumes")
@@ -222,6 +230,7 @@ def _merge_volumes(
             current = _last_by(existing, "name", volume.name)
             if current is None:
                 new.append(volume.volume)
+                record.volumes.append(volume.volume_ref)
                 mountable.add(volume.name)
                 run.host_paths_added += 1
             elif same(current, volume.volume):
@@ -233,14 +242,22 @@ def _merge_volumes(
                     f"{where}spec.volumes[name={volume.name}]: the pod already has a different volume of "
                     f"this name; kept it and did not mount profile {profile.name}'s{still}"
                 )
+    if new and not isinstance(existing, list):
+        record.created.append("vol")
     patch_ops.add_to_list(run.ops, f"{spec_ptr}/volumes", existing, new)
     return mountable
 
 
 def _merge_container(
-    container: GpuContainer, spec_ptr: str, where: str, mountable: set[str], run: InjectionRun
+    container: GpuContainer,
+    spec_ptr: str,
+    where: str,
+    mountable: set[str],
+    run: InjectionRun,
+    record: TemplateRecord,
 ) -> None:
     body = container.body
+    mine: dict[str, Any] = {}
     ptr = f"{spec_ptr}/{container.list_name}/{container.index}"
     label = f"{where}{container.list_name}[name={container.name}]"
 
@@ -256,15 +273,20 @@ def _merge_container(
                 current = _last_by(new_mounts, "mountPath", path)
             if current is None:
                 new_mounts.append(volume.mount)
+                mine.setdefault("m", []).append(volume.mount_ref)
             elif not same(current, volume.mount):
                 run.conflicts.append(
                     f"{label}.volumeMounts[mountPath={path}]: already mounts "
                     f"{shown(current.get('name'))} there; kept it"
                 )
+    if new_mounts and not isinstance(mounts, list):
+        mine["new"] = ["m"]
     patch_ops.add_to_list(run.ops, f"{ptr}/volumeMounts", mounts, new_mounts)
 
-    _merge_env(body, ptr, label, container.profiles, run)
-    _merge_privileged(body, ptr, label, container.profiles, run)
+    _merge_env(body, ptr, label, container.profiles, run, mine)
+    _merge_privileged(body, ptr, label, container.profiles, run, mine)
+    if mine:
+        record.containers.append((container.list_name, container.name, mine))
 
 
 _OVERRIDE = EnvMode.OVERRIDE.value
@@ -291,7 +313,12 @@ def _merged_value(current: str, var: InjectedEnv) -> str:
 
 
 def _merge_env(
-    body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
+    body: dict[str, Any],
+    ptr: str,
+    label: str,
+    profiles: tuple[CompiledProfile, ...],
+    run: InjectionRun,
+    mine: dict[str, Any],
 ) -> None:
     env = body.get("env")
     entries: list[Any] = env if isinstance(env, list) else []
@@ -330,16 +357,32 @@ def _merge_env(
                 )
             if merged != current:
                 updated[i] = merged
+    written: list[list[Any]] = []
     for i, value in updated.items():
-        if "value" in entries[i]:
+        entry = entries[i]
+        if "value" in entry:
             run.ops.append(patch_ops.replace(f"{ptr}/env/{i}/value", value))
+            if isinstance(entry["value"], str):  # else nothing to restore: not recorded
+                written.append([entry["name"], value, entry["value"]])
         else:
             run.ops.append(patch_ops.add(f"{ptr}/env/{i}/value", value))
+            written.append([entry["name"], value, None])
+    if appended:
+        written += [[item["name"], item["value"]] for item in appended]
+        if not isinstance(env, list):
+            mine.setdefault("new", []).append("e")
+    if written:
+        mine["e"] = written
     patch_ops.add_to_list(run.ops, f"{ptr}/env", env, appended)
 
 
 def _merge_privileged(
-    body: dict[str, Any], ptr: str, label: str, profiles: tuple[CompiledProfile, ...], run: InjectionRun
+    body: dict[str, Any],
+    ptr: str,
+    label: str,
+    profiles: tuple[CompiledProfile, ...],
+    run: InjectionRun,
+    mine: dict[str, Any],
 ) -> None:
     wanting = [p for p in profiles if p.privileged != _NEVER]
     if not wanting:
@@ -359,11 +402,19 @@ def _merge_privileged(
             raise InjectionDenied(f"{label}: profile {required[0]} requires privileged: true, but {reason}")
         run.warn_once(f"{label}.securityContext.privileged not set: {reason}")
         return
+    mine["p"] = 1
+    if not isinstance(context, dict):
+        mine.setdefault("new", []).append("p")
     patch_ops.set_in_map(run.ops, f"{ptr}/securityContext", context, "privileged", True)
 
 
 def _merge_node_selector(
-    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+    spec: dict[str, Any],
+    spec_ptr: str,
+    where: str,
+    profiles: list[CompiledProfile],
+    run: InjectionRun,
+    record: TemplateRecord,
 ) -> None:
     existing = spec.get("nodeSelector")
     current: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
@@ -381,37 +432,54 @@ def _merge_node_selector(
                 )
     if not additions:
         return
+    record.selector = additions
     if isinstance(existing, dict):
         for key, value in additions.items():
             run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector/{token(key)}", value))
     else:
+        record.created.append("sel")
         run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector", additions))
 
 
 def _merge_tolerations(
-    spec: dict[str, Any], spec_ptr: str, profiles: list[CompiledProfile], run: InjectionRun
+    spec: dict[str, Any],
+    spec_ptr: str,
+    profiles: list[CompiledProfile],
+    run: InjectionRun,
+    record: TemplateRecord,
 ) -> None:
     existing = spec.get("tolerations")
     have: list[Any] = list(existing) if isinstance(existing, list) else []
     new: list[dict[str, Any]] = []
     for profile in profiles:
-        for toleration in profile.tolerations:
+        for toleration, ref in zip(profile.tolerations, profile.toleration_refs, strict=True):
             if not any(same(t, toleration) for t in have):
                 have.append(toleration)
                 new.append(toleration)
+                record.tolerations.append(ref)
+    if new and not isinstance(existing, list):
+        record.created.append("tol")
     patch_ops.add_to_list(run.ops, f"{spec_ptr}/tolerations", existing, new)
 
 
 def _merge_required_node_affinity(
-    spec: dict[str, Any], spec_ptr: str, requirements: list[dict[str, Any]], run: InjectionRun
+    spec: dict[str, Any],
+    spec_ptr: str,
+    requirements: list[dict[str, Any]],
+    refs: list[str],
+    run: InjectionRun,
+    record: TemplateRecord,
 ) -> None:
     """AND our requirements into every term of required node affinity (terms are ORed)."""
     unique: list[dict[str, Any]] = []
-    for requirement in requirements:
+    unique_refs: list[str] = []
+    for requirement, ref in zip(requirements, refs, strict=True):
         if not any(same(requirement, r) for r in unique):
             unique.append(requirement)
+            unique_refs.append(ref)
     if not unique:
         return
+    created = {"new": 1, "terms": {"0": {"new": 1, "x": unique_refs}}}
     terms: list[dict[str, Any]] = [{"matchExpressions": unique}]
     # Walk down affinity.nodeAffinity.required….nodeSelectorTerms; the first missing level is added
     # whole, holding our single term, and we are done.
@@ -426,24 +494,39 @@ def _merge_required_node_affinity(
             for outer in reversed(levels[depth + 1 :]):
                 value = {outer: value}
             run.ops.append(patch_ops.add(ptr, value))
+            record.affinity = created
             return
         node = child
     ptr = f"{ptr}/nodeSelectorTerms"
     existing_terms = node.get("nodeSelectorTerms")
     if not isinstance(existing_terms, list) or not existing_terms:
         run.ops.append(patch_ops.add(ptr, terms))
+        record.affinity = created
         return
+    added: dict[str, Any] = {}
     for index, term in enumerate(existing_terms):
         if not isinstance(term, dict):
             continue
         expressions = term.get("matchExpressions")
         present = expressions if isinstance(expressions, list) else []
-        new = [r for r in unique if not any(same(e, r) for e in present)]
-        patch_ops.add_to_list(run.ops, f"{ptr}/{index}/matchExpressions", expressions, new)
+        new = [i for i, r in enumerate(unique) if not any(same(e, r) for e in present)]
+        if new:
+            fresh = 0 if isinstance(expressions, list) else 1
+            added[str(index)] = {"new": fresh, "x": [unique_refs[i] for i in new]}
+        patch_ops.add_to_list(
+            run.ops, f"{ptr}/{index}/matchExpressions", expressions, [unique[i] for i in new]
+        )
+    if added:
+        record.affinity = {"new": 0, "terms": added}
 
 
 def _merge_runtime_class(
-    spec: dict[str, Any], spec_ptr: str, where: str, profiles: list[CompiledProfile], run: InjectionRun
+    spec: dict[str, Any],
+    spec_ptr: str,
+    where: str,
+    profiles: list[CompiledProfile],
+    run: InjectionRun,
+    record: TemplateRecord,
 ) -> None:
     current = spec.get("runtimeClassName")
     for profile in profiles:
@@ -452,7 +535,7 @@ def _merge_runtime_class(
             continue
         if not current:
             run.ops.append(patch_ops.add(f"{spec_ptr}/runtimeClassName", wanted))
-            current = wanted
+            record.runtime_class = current = wanted
         elif current != wanted:
             run.conflicts.append(
                 f"{where}spec.runtimeClassName: kept {shown(current)} "
@@ -475,7 +558,8 @@ def _set_injected_annotations(
             "@" + run.digest
         )
         if same_config and isinstance(stored, str):
-            record = merge_captured(stored, record)
+            spec = template.body.get("spec")
+            record = merge_records(stored, record, spec if isinstance(spec, dict) else {})
         wanted[labels.INJECTED_ITEMS] = record
     changed = {k: v for k, v in wanted.items() if present.get(k) != v}
     if not changed:
