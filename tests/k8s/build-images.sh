@@ -5,7 +5,10 @@
 #           stood in for by Debian bookworm made with mmdebstrap (python3 3.11, venv, `python` on
 #           PATH, ca-certificates), so the project's Dockerfile builds unchanged with --pull=never;
 #   pause   registry.k8s.io/pause:3.10, the pod sandbox image, from tests/k8s/images/pause.c (static);
-#   ix-gpu  localhost/ix-gpu:<content hash>, built from the project's Dockerfile with buildah.
+#   ix-gpu  localhost/ix-gpu:<content hash>, built from the project's Dockerfile with buildah;
+#   training-operator  localhost/training-operator:<version>-<hash>: a scratch image holding the
+#           Kubeflow training operator's static binary (build-go-command.sh training-operator), the
+#           TFJob controller that runs the TFJob example for real.
 #
 #   bash tests/k8s/build-images.sh            # prints the images directory (last stdout line)
 #
@@ -132,11 +135,27 @@ if [[ "$(label_of "$PROJECT_REF")" != "$PROJECT_KEY" ]]; then
 fi
 PROJECT_ARCHIVE="$(archive "$PROJECT_REF" "$PROJECT_KEY" ix-gpu)"
 
+# ---------------------------------------------------------------- the training operator
+TO_BIN="$(bash "$HERE/build-go-command.sh" training-operator | tail -1)/training-operator"
+TO_KEY="$(sha256sum <"$TO_BIN" | key_of)"
+TO_REF="localhost/training-operator:$(basename "$(dirname "$(dirname "$TO_BIN")")" | cut -d- -f3)-$TO_KEY"
+if [[ "$(label_of "$TO_REF")" != "$TO_KEY" ]]; then
+    log "training-operator: scratch image with $TO_BIN"
+    ctr="$("${BR[@]}" from scratch)"
+    "${BR[@]}" copy --chmod 0755 "$ctr" "$TO_BIN" /training-operator >/dev/null
+    "${BR[@]}" config --entrypoint '["/training-operator"]' --cmd '' --user 65532:65532 \
+        --annotation "io.ix-gpu.test.key=$TO_KEY" "$ctr"
+    "${BR[@]}" commit -q "$ctr" "$TO_REF" >/dev/null
+    "${BR[@]}" rm "$ctr" >/dev/null
+fi
+TO_ARCHIVE="$(archive "$TO_REF" "$TO_KEY" training-operator)"
+
 cat >"$OUT/images.json" <<JSON
 {
   "base": {"ref": "$BASE_REF", "key": "$BASE_KEY"},
   "pause": {"ref": "$PAUSE_REF", "archive": "$PAUSE_ARCHIVE"},
-  "ix-gpu": {"ref": "$PROJECT_REF", "repository": "$PROJECT_REPO", "tag": "$PROJECT_KEY", "archive": "$PROJECT_ARCHIVE"}
+  "ix-gpu": {"ref": "$PROJECT_REF", "repository": "$PROJECT_REPO", "tag": "$PROJECT_KEY", "archive": "$PROJECT_ARCHIVE"},
+  "training-operator": {"ref": "$TO_REF", "archive": "$TO_ARCHIVE"}
 }
 JSON
 log "done: $OUT/images.json"

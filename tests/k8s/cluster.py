@@ -831,7 +831,8 @@ def real_node_chart_values(images: Images, scenario: bool = False) -> dict[str, 
     }
     if scenario:
         seed = load_yaml(EXAMPLES / "seed-config.yaml")
-        values["config"]["profiles"] = [iluvatar, *seed["profiles"]]
+        # Privileged where the policy allows it, so the TFJob example's GPU worker in ml-team gets it.
+        values["config"]["profiles"] = [{**iluvatar, "privileged": "allowed"}, *seed["profiles"]]
         values["config"]["policy"] = {
             **config["policy"],
             **{"privilegedNamespaces": seed["policy"]["privilegedNamespaces"]},

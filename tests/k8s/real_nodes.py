@@ -687,6 +687,8 @@ class Images:
     project_repository: str
     project_tag: str
     project_archive: Path
+    training_operator_ref: str
+    training_operator_archive: Path
 
 
 def build_images() -> Images:
@@ -706,6 +708,8 @@ def build_images() -> Images:
         project_repository=data["ix-gpu"]["repository"],
         project_tag=data["ix-gpu"]["tag"],
         project_archive=Path(data["ix-gpu"]["archive"]),
+        training_operator_ref=data["training-operator"]["ref"],
+        training_operator_archive=Path(data["training-operator"]["archive"]),
     )
 
 
@@ -742,10 +746,11 @@ class RealNodes:
         self.host_proxy = start_kube_proxy(
             binaries, "control-plane", HOST_ADDRESS, api.kubeconfig, TIER_ROOT, log_dir, []
         )
-        images = (self.images.pause_archive, self.images.project_archive)
+        images = self.images
+        archives = (images.pause_archive, images.project_archive, images.training_operator_archive)
         for spec in self.specs:
             self.nodes[spec.name] = start_real_node(
-                binaries, api, spec, log_dir, images, pause_image=self.images.pause_ref, labels=labels
+                binaries, api, spec, log_dir, archives, pause_image=images.pause_ref, labels=labels
             )
         for node in self.nodes.values():
             wait_node_ready(node)

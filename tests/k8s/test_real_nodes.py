@@ -34,8 +34,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.k8s import training_operator
 from tests.k8s.cluster import MiniCluster, real_node_chart_values
 from tests.k8s.conftest import _tier_requested
+from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import REAL_NODES, RealNode, leftovers
@@ -354,6 +356,52 @@ def test_privileged_only_in_the_allowlisted_namespace(release: Release) -> None:
         results[namespace] = created["spec"]["containers"][0].get("securityContext", {}).get("privileged")
         request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
     assert list(results.values()) == [True, None], results
+
+
+def test_a_tfjob_with_one_gpu_worker_runs_injected_and_privileged_in_the_allowlisted_namespace(
+    release: Release,
+) -> None:
+    """The TFJob example for real: the training operator creates the worker pod from the template
+    the webhook already mutated; the pod's own admission then finds everything in place."""
+    api = release.api
+    assert release.cluster.real_nodes is not None and release.cluster.real_nodes.images is not None
+    group_version = install_crd(api, kubeflow_tfjob_crd())
+    training_operator.install(api, release.cluster.real_nodes.images.training_operator_ref)
+    namespace = "ml-team"
+    if api.request("GET", f"/api/v1/namespaces/{namespace}")[0] != 200:
+        new_namespace(api, namespace)
+    worker = {
+        "name": "tensorflow",
+        "image": release.image,
+        "command": ["sh", "-c", "echo LD_LIBRARY_PATH=$LD_LIBRARY_PATH; ls /dev/iluvatar*; sleep 3600"],
+        "resources": {"limits": {RESOURCE: "1"}},
+    }
+    template = {"spec": {"containers": [worker], "terminationGracePeriodSeconds": 1}}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "mnist"},
+        "spec": {
+            "tfReplicaSpecs": {"Worker": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+        },
+    }
+    stored = request_ok(api, "POST", f"{group_version}/namespaces/{namespace}/tfjobs", job)
+    stored_container = stored["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert stored_container["securityContext"]["privileged"] is True, stored_container
+    pod = wait_running(api, namespace, "mnist-worker-0", timeout=180)
+    owner = pod["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("TFJob", "mnist"), owner
+    (container,) = pod["spec"]["containers"]
+    assert container["securityContext"]["privileged"] is True
+    names = [v["name"] for v in pod["spec"]["volumes"]]
+    assert len(names) == len(set(names)), names
+    mounts = [m["mountPath"] for m in container["volumeMounts"]]
+    assert len(mounts) == len(set(mounts)) and "/usr/local/corex" in mounts, mounts
+    env = [e for e in container.get("env") or [] if e["name"] == "LD_LIBRARY_PATH"]
+    assert env == [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}], env
+    wait_until(lambda: "/dev/iluvatar" in release.log(namespace, "mnist-worker-0"), "the worker's output", 60)
+    print(f"\nkubectl logs mnist-worker-0:\n{release.log(namespace, 'mnist-worker-0')}")
+    request_ok(api, "DELETE", f"{group_version}/namespaces/{namespace}/tfjobs/mnist")
 
 
 def test_a_webhook_container_killed_is_replaced_and_no_gpu_pod_is_admitted_unmutated(

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Build one Go command of a module that needs no replace directives, from the Go module proxy:
+#
+#   bash tests/k8s/build-go-command.sh helm                 # helm.sh/helm/v4/cmd/helm ($IX_HELM_VERSION, v4.3.1)
+#   bash tests/k8s/build-go-command.sh training-operator    # kubeflow training-operator v1.8.1 (TFJob controller)
+#
+# Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/<name>-<version>-<scripthash>/bin/<name>; nothing is built
+# when it is there. Progress goes to stderr; the last stdout line is the bin directory. The two newest
+# builds of each command are kept.
+#
+# A throwaway module requires the command's module at that version and nothing else, so Go selects
+# exactly the dependency versions of that module's own build (its go.mod must have no replace
+# directives, which a dependent module would not apply; the script warns when it has some). The
+# binary is static (CGO_ENABLED=0), so it also runs from a scratch image.
+set -euo pipefail
+
+NAME="${1:-}"
+case "$NAME" in
+helm)
+    VERSION="${IX_HELM_VERSION:-v4.3.1}"
+    MODULE=helm.sh/helm/v4
+    PACKAGE=helm.sh/helm/v4/cmd/helm
+    # As Helm's Makefile stamps it. Helm v4 reads its default Kubernetes version (`helm template`'s
+    # .Capabilities.KubeVersion) from the client-go version in its build info.
+    EXTRA_LDFLAGS="-X helm.sh/helm/v4/internal/version.version=$VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+    SMOKE=(version)
+    ;;
+training-operator)
+    VERSION="${IX_TRAINING_OPERATOR_VERSION:-v1.8.1}"
+    MODULE=github.com/kubeflow/training-operator
+    PACKAGE=github.com/kubeflow/training-operator/cmd/training-operator.v1
+    EXTRA_LDFLAGS=""
+    SMOKE=(-h)
+    ;;
+*)
+    echo "usage: build-go-command.sh helm|training-operator" >&2
+    exit 2
+    ;;
+esac
+
+CACHE_ROOT="${IX_GPU_CACHE:-$HOME/.cache/ix-gpu}"
+GO="${GO:-}"
+if [[ -z "$GO" ]]; then
+    if command -v go >/dev/null 2>&1; then GO="$(command -v go)"; else GO=/usr/local/go/bin/go; fi
+fi
+NICE="${IX_K8S_NICE:-nice -n 10}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+log() { printf '[go-build %s %(%H:%M:%S)T] %s\n' "$NAME" -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ "$VERSION" =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "version must look like v1.2.3, got '$VERSION'"
+[[ -x "$GO" ]] || die "no Go toolchain at '$GO' (set GO=/path/to/go)"
+
+HASH="$(sha256sum <"$HERE/build-go-command.sh" | cut -c1-12)"
+OUT="$CACHE_ROOT/$NAME-$VERSION-$HASH"
+BIN="$OUT/bin"
+
+mkdir -p "$CACHE_ROOT"
+if [[ -x "$BIN/$NAME" ]]; then
+    touch "$OUT"
+    log "cached: $BIN/$NAME"
+    echo "$BIN"
+    exit 0
+fi
+
+# One Go build at a time per cache root (shared with build.sh).
+exec 9>"$CACHE_ROOT/.build.lock"
+log "waiting for the build lock $CACHE_ROOT/.build.lock"
+flock 9
+if [[ -x "$BIN/$NAME" ]]; then
+    log "cached (built by another process meanwhile): $BIN/$NAME"
+    echo "$BIN"
+    exit 0
+fi
+
+export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
+START=$SECONDS
+log "Go: $("$GO" version); $MODULE $VERSION -> $OUT"
+rm -rf "$OUT"
+mkdir -p "$OUT/src" "$BIN"
+cd "$OUT/src"
+"$GO" mod init "ix-gpu.test/$NAME" >/dev/null 2>&1 || die "go mod init failed"
+
+log "go get $PACKAGE@$VERSION (downloads modules on a cold cache)"
+T=$SECONDS
+$NICE "$GO" get "$PACKAGE@$VERSION" >&2 || die "go get failed (see the Go error above)"
+log "go get done in $((SECONDS - T))s"
+MODULE_DIR="$("$GO" list -m -f '{{.Dir}}' "$MODULE")"
+if grep -q '^replace' "$MODULE_DIR/go.mod"; then
+    log "WARNING: $MODULE_DIR/go.mod has replace directives, which this throwaway module does not apply"
+fi
+
+T=$SECONDS
+log "go build $PACKAGE -> $BIN/$NAME"
+$NICE "$GO" build -mod=mod -trimpath -ldflags "-s -w $EXTRA_LDFLAGS" -o "$BIN/$NAME.tmp" "$PACKAGE" >&2 ||
+    die "go build failed (see the Go error above)"
+"$BIN/$NAME.tmp" "${SMOKE[@]}" >/dev/null 2>&1 || die "the built $NAME does not run ($NAME ${SMOKE[*]})"
+mv "$BIN/$NAME.tmp" "$BIN/$NAME"
+log "built $NAME in $((SECONDS - T))s"
+
+touch "$OUT"
+ls -1dt "$CACHE_ROOT/$NAME-"*/ 2>/dev/null | tail -n +3 | while read -r old; do
+    log "removing old build $old"
+    rm -rf "$old"
+done
+log "done in $((SECONDS - START))s: $BIN/$NAME"
+echo "$BIN"
