@@ -54,6 +54,11 @@ class Chip:
     numa_node: int | None
     unhealthy_reason: str = ""
     """Empty when healthy; otherwise why not (decoded bitmask, library error...)."""
+    pci_bus_id: str = ""
+    """``dddd:bb:dd.f`` as sysfs names it; empty when the backend does not know. Published by the
+    DRA plugin as the standard attribute, so claims can align a GPU with a NIC."""
+    driver_version: str = ""
+    """The kernel driver's version as the management library reports it; empty when unknown."""
 
     @property
     def healthy(self) -> bool:

@@ -22,6 +22,7 @@ class FakeChip(StrictModel):
     memory_mib: int = Field(default=32768, ge=0, alias="memoryMiB")
     health: int = Field(default=0, ge=0)
     """ixmlDeviceGetHealth bitmask; 0 is healthy, e.g. 0x4 is over-temperature."""
+    pci_bus_id: str = Field(default="", max_length=64, alias="pciBusId")
 
 
 class FakeBoard(StrictModel):
@@ -38,6 +39,7 @@ class FakeDevices(StrictModel):
     library_error: str | None = None
     """When set, discovery fails with this message, as a broken library would."""
     boards: tuple[FakeBoard, ...] = ()
+    driver_version: str = Field(default="", max_length=64, alias="driverVersion")
 
     @model_validator(mode="after")
     def _unique(self) -> FakeDevices:
@@ -64,6 +66,8 @@ class FakeDevices(StrictModel):
                         memory_mib=fake.memory_mib,
                         numa_node=board.numa_node,
                         unhealthy_reason=decode_ixml_health(fake.health),
+                        pci_bus_id=fake.pci_bus_id,
+                        driver_version=self.driver_version,
                     )
                 )
                 position += 1

@@ -163,8 +163,10 @@ class IxmlBackend:
         self._call("nvmlDeviceGetMemoryInfo", lib.nvmlDeviceGetMemoryInfo, handle, ctypes.byref(memory))
         pci = _PciInfo()
         numa = None
+        bus_id = ""
         if lib.nvmlDeviceGetPciInfo(handle, ctypes.byref(pci)) == NVML_SUCCESS:
-            numa = numa_node(self.root / PCI_DEVICES / f"{pci.domain:04x}:{pci.bus:02x}:{pci.device:02x}.0")
+            bus_id = f"{pci.domain:04x}:{pci.bus:02x}:{pci.device:02x}.0"
+            numa = numa_node(self.root / PCI_DEVICES / bus_id)
         position = 0
         if self._has["ixmlDeviceGetBoardPosition"]:
             pos = ctypes.c_uint()
@@ -189,6 +191,7 @@ class IxmlBackend:
             memory_mib=memory.total // (1024 * 1024),
             numa_node=numa,
             unhealthy_reason=reason,
+            pci_bus_id=bus_id,
         )
         return chip, handle
 

@@ -87,6 +87,7 @@ class NvmlBackend:
             product=_text(nvml.nvmlDeviceGetName(handle)),
             memory_mib=int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024),
             numa_node=numa_node(self.root / PCI_DEVICES / _sysfs_bus_id(bus_id)),
+            pci_bus_id=_sysfs_bus_id(bus_id),
         )
 
     def chips(self) -> list[Chip]:
