@@ -1,0 +1,138 @@
+"""NodePrepareResources and NodeUnprepareResources for one claim: CDI spec, checkpoint, idempotency.
+
+Prepare writes one CDI spec per claim (``<cdi dir>/<kind>-claim-<uid>.json``, built by
+:func:`ix_gpu.plugin.devices.cdi.cdi_spec`, so the device nodes, control nodes and driver mount are
+the device plugin's) and answers CDI device IDs ``<kind>=<claim uid>-<device>``. The claim uid in
+each name keeps them unique across spec files of one kind, which CDI requires, and apart from the
+device plugin's own spec. The visible-devices variable goes into the claim's spec: there is no
+Allocate call to set it.
+
+The kubelet retries Prepare until every claim has an error-free answer, and may call it again
+after its own restart: a claim in the checkpoint whose spec still exists is answered from the
+checkpoint without asking the API server. A spec that vanished (``/var/run`` is a tmpfs, gone
+after a reboot, while the checkpoint is not) is written again from the claim. Unprepare of a
+claim nobody knows is a success, as the API requires, and still removes a spec left by a crash
+between writing it and recording it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ix_gpu.devicemodel.vendors import Vendor
+from ix_gpu.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from ix_gpu.dra.claims import ClaimError, ClaimRef, allocated
+from ix_gpu.dra.devices import DraDevice
+from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, qualified_name, write_spec
+from ix_gpu.plugin.devices.device_list import Device, DeviceList
+
+log = logging.getLogger(__name__)
+
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
+"""What a Kubernetes uid looks like; anything else never becomes part of a file name."""
+
+
+class Preparer:
+    """Thread-safe: the servicer runs each claim in a worker thread (the API read blocks)."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        vendor: Vendor,
+        cdi_dir: Path,
+        checkpoint: Checkpoint,
+        read_claim: Callable[[ClaimRef], dict[str, Any]],
+        devices: Callable[[], Mapping[str, DraDevice]],
+        control_nodes: Callable[[], Sequence[str]],
+        driver_root: str | None = None,
+    ) -> None:
+        self.driver, self.pool, self.vendor = driver, pool, vendor
+        self.cdi_dir = cdi_dir
+        self.checkpoint = checkpoint
+        self.read_claim = read_claim
+        self.devices = devices
+        self.control_nodes = control_nodes
+        self.driver_root = driver_root
+        self._lock = threading.Lock()
+
+    def spec_path(self, uid: str) -> Path:
+        if not _UID.fullmatch(uid):
+            raise ClaimError(f"claim uid {uid[:80]!r} is not a Kubernetes uid")
+        return self.cdi_dir / f"{self.vendor.resource_name.replace('/', '-')}-claim-{uid}.json"
+
+    def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        """The claim's devices with their CDI IDs; :class:`ClaimError` says why not."""
+        path = self.spec_path(ref.uid)
+        with self._lock:
+            known = self.checkpoint.claims.get(ref.uid)
+            if known is not None and (not known.spec_file or Path(known.spec_file).exists()):
+                return known.devices
+        try:
+            claim = self.read_claim(ref)
+        except OSError as exc:
+            raise ClaimError(f"claim {ref}: cannot read it from the API server: {exc}") from None
+        results = allocated(claim, ref, self.driver, self.pool)
+        inventory = self.devices()
+        missing = [r.device for r in results if r.device not in inventory]
+        if missing:
+            raise ClaimError(f"claim {ref}: device {missing[0]} is not on this node now")
+        ours: dict[str, DraDevice] = {r.device: inventory[r.device] for r in results}
+        prepared = tuple(
+            PreparedDevice(
+                request_names=(r.request,),
+                pool=self.pool,
+                device=r.device,
+                cdi_device_ids=(qualified_name(self.vendor, f"{ref.uid}-{r.device}"),) if ours else (),
+                share_id=r.share_id,
+            )
+            for r in results
+        )
+        spec = self._spec(ref.uid, list(ours.values())) if ours else None
+        with self._lock:
+            try:
+                if spec is not None:
+                    write_spec(spec, path)
+                self.checkpoint.claims[ref.uid] = PreparedClaim(
+                    ref.uid, ref.namespace, ref.name, prepared, str(path) if spec is not None else ""
+                )
+                self.checkpoint.save()
+            except OSError as exc:
+                what = f"{exc.filename or path}: {exc.strerror or exc}"
+                raise ClaimError(f"claim {ref}: cannot write {what}") from None
+        log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared) or "no devices of ours")
+        return prepared
+
+    def _spec(self, uid: str, devices: list[DraDevice]) -> dict[str, Any]:
+        entries = tuple(Device(id=f"{uid}-{d.name}", physical=d.physical) for d in devices)
+        listed = DeviceList(
+            physical=tuple(d.physical for d in devices),
+            devices=entries,
+            replicas=1,
+            by_id={e.id: e for e in entries},
+        )
+        try:
+            spec = cdi_spec(listed, self.vendor, self.control_nodes(), driver_root=self.driver_root)
+        except CdiError as exc:
+            raise ClaimError(str(exc)) from None
+        visible = ",".join(chip.uuid for d in devices for chip in d.physical.chips)
+        edits = spec.setdefault("containerEdits", {})
+        edits["env"] = [*edits.get("env", []), f"{self.vendor.visible_devices_env}={visible}"]
+        return spec
+
+    def unprepare(self, uid: str) -> None:
+        """Remove the claim's spec and record; ``OSError`` when the spec cannot be removed."""
+        path = self.spec_path(uid)
+        with self._lock:
+            known = self.checkpoint.claims.get(uid)
+            Path(known.spec_file if known is not None and known.spec_file else path).unlink(missing_ok=True)
+            if known is not None:
+                del self.checkpoint.claims[uid]
+                self.checkpoint.save()
+                log.info("unprepared claim %s/%s (%s)", known.namespace, known.name, uid)

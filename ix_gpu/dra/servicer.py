@@ -1,0 +1,123 @@
+"""The kubelet's DRA node service (``v1.DRAPlugin``) and plugin registration, as grpclib handlers.
+
+Thin on purpose: protobuf in, :class:`ix_gpu.dra.prepare.Preparer` calls, protobuf out. Each claim
+runs in a worker thread, since reading it from the API server blocks, and the claims of one call
+run side by side. A failing claim gets its error in its own entry of the answer; the call itself
+fails only for a request that is not one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TypeVar
+
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+from grpclib.server import Stream
+
+from ix_gpu.dra.api import dra_v1_pb2 as dra
+from ix_gpu.dra.api import pluginregistration_v1_pb2 as reg
+from ix_gpu.dra.api.dra_v1_grpc import DRAPluginBase
+from ix_gpu.dra.api.pluginregistration_v1_grpc import RegistrationBase
+from ix_gpu.dra.checkpoint import PreparedDevice
+from ix_gpu.dra.claims import ClaimError, ClaimRef
+from ix_gpu.dra.prepare import Preparer
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+SERVICES = ("v1.DRAPlugin",)
+"""What GetInfo lists in ``supported_versions``: for DRA these are gRPC service names. The
+kubelet (1.34 to 1.37) takes the first it also knows; it knows v1 and v1beta1, and v1 is the one
+served here."""
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+
+
+async def _request(stream: Stream[Request, Response]) -> Request:
+    request = await stream.recv_message()
+    if request is None:
+        raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
+    return request
+
+
+def _device(prepared: PreparedDevice) -> dra.Device:
+    device = dra.Device(
+        request_names=list(prepared.request_names),
+        pool_name=prepared.pool,
+        device_name=prepared.device,
+        cdi_device_ids=list(prepared.cdi_device_ids),
+    )
+    if prepared.share_id is not None:
+        device.share_id = prepared.share_id
+    return device
+
+
+class DraServicer(DRAPluginBase):
+    def __init__(self, preparer: Preparer) -> None:
+        self.preparer = preparer
+
+    async def _prepare_one(self, claim: dra.Claim) -> dra.NodePrepareResourceResponse:
+        ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+        try:
+            devices = await asyncio.to_thread(self.preparer.prepare, ref)
+        except ClaimError as exc:
+            log.warning("prepare failed: %s", exc)
+            return dra.NodePrepareResourceResponse(error=str(exc))
+        return dra.NodePrepareResourceResponse(devices=[_device(d) for d in devices])
+
+    async def _unprepare_one(self, claim: dra.Claim) -> dra.NodeUnprepareResourceResponse:
+        try:
+            await asyncio.to_thread(self.preparer.unprepare, claim.uid)
+        except (ClaimError, OSError) as exc:
+            log.warning("unprepare of claim %s/%s failed: %s", claim.namespace, claim.name, exc)
+            return dra.NodeUnprepareResourceResponse(error=str(exc))
+        return dra.NodeUnprepareResourceResponse()
+
+    async def NodePrepareResources(
+        self, stream: Stream[dra.NodePrepareResourcesRequest, dra.NodePrepareResourcesResponse]
+    ) -> None:
+        request = await _request(stream)
+        answers = await asyncio.gather(*(self._prepare_one(claim) for claim in request.claims))
+        response = dra.NodePrepareResourcesResponse()
+        for claim, answer in zip(request.claims, answers, strict=True):
+            response.claims[claim.uid].CopyFrom(answer)
+        await stream.send_message(response)
+
+    async def NodeUnprepareResources(
+        self, stream: Stream[dra.NodeUnprepareResourcesRequest, dra.NodeUnprepareResourcesResponse]
+    ) -> None:
+        request = await _request(stream)
+        answers = await asyncio.gather(*(self._unprepare_one(claim) for claim in request.claims))
+        response = dra.NodeUnprepareResourcesResponse()
+        for claim, answer in zip(request.claims, answers, strict=True):
+            response.claims[claim.uid].CopyFrom(answer)
+        await stream.send_message(response)
+
+
+class RegistrationServicer(RegistrationBase):
+    """What the kubelet's plugin watcher asks on the registration socket."""
+
+    def __init__(self, driver: str, endpoint: str) -> None:
+        self.info = reg.PluginInfo(
+            type=PLUGIN_TYPE, name=driver, endpoint=endpoint, supported_versions=list(SERVICES)
+        )
+        self.registered = False
+        self.last_error = ""
+
+    async def GetInfo(self, stream: Stream[reg.InfoRequest, reg.PluginInfo]) -> None:
+        await _request(stream)
+        await stream.send_message(self.info)
+
+    async def NotifyRegistrationStatus(
+        self, stream: Stream[reg.RegistrationStatus, reg.RegistrationStatusResponse]
+    ) -> None:
+        status = await _request(stream)
+        self.registered, self.last_error = status.plugin_registered, status.error
+        if status.plugin_registered:
+            log.info("registered with the kubelet as %s (endpoint %s)", self.info.name, self.info.endpoint)
+        else:
+            log.error("the kubelet refused the registration: %s", status.error)
+        await stream.send_message(reg.RegistrationStatusResponse())
