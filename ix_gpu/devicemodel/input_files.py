@@ -2,7 +2,8 @@
 
 The device plugin reads its config and devices files here and has them validated elsewhere (in a
 short-lived child, :mod:`ix_gpu.runtime.isolated`), so what it needs to read bytes and report problems is
-kept apart from the YAML loader (:mod:`.yaml_input`, which re-exports all of it)."""
+kept apart from the YAML loader (:mod:`.yaml_input`). This is the one home of :class:`ConfigError`:
+every module that raises or catches it imports it from here."""
 
 from __future__ import annotations
 

@@ -42,10 +42,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, read_capped
 from ix_gpu.devicemodel.plugin_runtime import (
     SHARED_SUFFIX,
     DeviceIdStrategy,
@@ -56,14 +55,8 @@ from ix_gpu.devicemodel.plugin_runtime import (
     SharedEntry,
     qualify,
 )
-from ix_gpu.devicemodel.schema_base import (
-    ConfigError,
-    StrictModel,
-    _format_location,
-    parse_document,
-)
+from ix_gpu.devicemodel.schema_base import StrictModel, parse_document, parse_yaml
 from ix_gpu.devicemodel.text import shown
-from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, load_yaml, read_capped
 
 DEFAULT_PATH = "/ixconfig/ix-config"
 """Where the seed's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``, key ``ix-config``)."""
@@ -195,6 +188,7 @@ class Flags(StrictModel):
 
 
 # -- sharing ----------------------------------------------------------------------------------------
+
 
 def _device_selection(value: Any) -> DeviceSelection:
     if value == "all":
@@ -560,54 +554,14 @@ def parse_plugin_config(data: Any, source: str = "config") -> PluginConfig:
 
 
 def parse_plugin_yaml(content: bytes | str, source: str) -> PluginConfig:
-    """Parse and validate an ``ix-config`` file's content; errors name ``source``, the field and,
-    where the field is in the file, its line (``line 7: flags.migStrategy: ...``)."""
-    data = load_yaml(content, source, max_bytes=CONFIG_MAX_BYTES)
-    if not isinstance(data, dict):
-        return parse_document(PluginConfig, data, source)
-    try:
-        return PluginConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe_with_lines(exc, content)}") from None
+    """Parse and validate an ``ix-config`` file's content; errors name ``source``, the line and the
+    field (``line 7: flags.migStrategy: ...``), as the webhook's config errors do."""
+    return parse_yaml(PluginConfig, content, source)
 
 
 def load_plugin_config(path: str | Path) -> PluginConfig:
     """Load ``path``; every failure is a :class:`ConfigError` naming the file and the field."""
     return parse_plugin_yaml(read_capped(path, CONFIG_MAX_BYTES), str(path))
-
-
-def _describe_with_lines(error: ValidationError, content: bytes | str) -> str:
-    # The content already passed the strict loader (size, depth, aliases, duplicate keys), so
-    # composing it again is safe; it happens only for an invalid config.
-    root = yaml.compose(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    parts = []
-    for item in error.errors():
-        loc = tuple(item["loc"])
-        text = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
-        line = _line_of(root, loc)
-        where = f"line {line}: " if line is not None else ""
-        parts.append(f"{where}{_format_location(loc)}: {text}")
-    return "; ".join(parts)
-
-
-def _line_of(node: Node | None, loc: tuple[int | str, ...]) -> int | None:
-    """The line of the deepest node along ``loc`` (a key's line for a mapping entry); parts that
-    are not in the document (a union member's tag, a missing field) stop the walk there."""
-    line = None
-    for part in loc:
-        if isinstance(node, MappingNode) and isinstance(part, str):
-            found = next(
-                ((k, v) for k, v in node.value if isinstance(k, ScalarNode) and k.value == part), None
-            )
-            if found is None:
-                break
-            line, node = found[0].start_mark.line + 1, found[1]
-        elif isinstance(node, SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
 
 
 __all__ = [
@@ -618,7 +572,6 @@ __all__ = [
     "SHARED_SUFFIX",
     "Allocation",
     "Cdi",
-    "ConfigError",
     "DeviceIdStrategy",
     "DeviceListStrategy",
     "DeviceSelection",

@@ -2,27 +2,25 @@
 
 Every config file is YAML in Kubernetes style (camelCase keys) and strict: an unknown key is an
 error that names the key, because a silently ignored typo in a cluster-wide webhook config is the
-kind of bug that costs an afternoon. Errors are rendered as ``path.to[0].field: message`` so an
-operator can find the line. The YAML itself goes through :mod:`ix_gpu.devicemodel.yaml_input`, the
-one strict loader: duplicate keys, alias bombs, deep nesting and oversized files are errors there.
+kind of bug that costs an afternoon. Errors are rendered as ``line 7: path.to[0].field: message``
+(the line where the config came from text) so an operator can find it. The YAML itself goes
+through :mod:`ix_gpu.devicemodel.yaml_input`, the one strict loader: duplicate keys, alias bombs,
+deep nesting and oversized files are errors there. :func:`parse_yaml` is the one way from YAML
+text to a config model, for the webhook's config, the plugin's and the fake devices file alike.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from ix_gpu.devicemodel.yaml_input import (
-    CONFIG_MAX_BYTES,
-    ConfigError,
-    YamlInputError,
-    load_yaml,
-    read_capped,
-)
+from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+from ix_gpu.devicemodel.yaml_input import lines_of, load_yaml
 
 DIGEST_CHARS = 10
 """Hex characters of a config digest: enough to tell configs apart, short enough for an annotation."""
@@ -47,7 +45,8 @@ class StrictModel(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def _format_location(loc: tuple[int | str, ...]) -> str:
+def field_path(loc: Sequence[int | str]) -> str:
+    """pydantic's error location as the operator writes it: ``profiles[0].env[1].name``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -57,22 +56,27 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        where = _format_location(tuple(item["loc"]))
-        if item["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key")
-        else:
-            lines.append(f"{where}: {item['msg']}")
-    return "; ".join(lines)
+def describe_validation_error(error: ValidationError, content: bytes | str | None = None) -> str:
+    """One ``[line N: ]path: problem`` per error, joined by ``; ``. With ``content`` (the text the
+    data came from), each error names the line of its field, or of the nearest enclosing field
+    that is in the text (a missing key is reported at its parent)."""
+    items = error.errors()
+    locs = [tuple(item["loc"]) for item in items]
+    lines: list[int | None] = lines_of(content, locs) if content is not None else [None] * len(items)
+    parts = []
+    for item, loc, line in zip(items, locs, lines, strict=True):
+        problem = "unknown key" if item["type"] == "extra_forbidden" else item["msg"]
+        where = f"line {line}: " if line is not None else ""
+        parts.append(f"{where}{field_path(loc)}: {problem}")
+    return "; ".join(parts)
 
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_document(model: type[M], data: Any, source: str) -> M:
-    """Validate already-parsed YAML/JSON against ``model``; errors name ``source`` and the field."""
+def parse_document(model: type[M], data: Any, source: str, content: bytes | str | None = None) -> M:
+    """Validate already-parsed YAML/JSON against ``model``; errors name ``source``, the field and,
+    given the ``content`` that ``data`` was loaded from, the field's line."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -80,14 +84,16 @@ def parse_document(model: type[M], data: Any, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_validation_error(exc)}") from None
+        raise ConfigError(f"{source}: {describe_validation_error(exc, content)}") from None
 
 
 def parse_yaml(model: type[M], content: bytes | str, source: str) -> M:
-    """Parse one YAML document (strictly, see :func:`load_yaml`) and validate it against ``model``;
-    errors name ``source``. Unreadable YAML is a :class:`YamlInputError`, an invalid config a plain
-    :class:`ConfigError`."""
-    return parse_document(model, load_yaml(content, source, max_bytes=CONFIG_MAX_BYTES), source)
+    """The one YAML-to-model loader, for every config file: one document, loaded strictly (see
+    :func:`load_yaml`), validated against ``model``. Errors name ``source``, the line and the field
+    (``line 7: flags.migStrategy: ...``). Unreadable YAML is a :class:`YamlInputError`, an invalid
+    config a plain :class:`ConfigError`."""
+    data = load_yaml(content, source, max_bytes=CONFIG_MAX_BYTES)
+    return parse_document(model, data, source, content)
 
 
 def load_yaml_file(model: type[M], path: str | Path) -> M:
@@ -97,10 +103,9 @@ def load_yaml_file(model: type[M], path: str | Path) -> M:
 
 __all__ = [
     "DIGEST_CHARS",
-    "ConfigError",
     "StrictModel",
-    "YamlInputError",
     "describe_validation_error",
+    "field_path",
     "load_yaml_file",
     "parse_document",
     "parse_yaml",

@@ -22,7 +22,7 @@ import yaml
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from ix_gpu.devicemodel import k8s_names
-from ix_gpu.devicemodel.schema_base import ConfigError, StrictModel, load_yaml_file, parse_document
+from ix_gpu.devicemodel.schema_base import StrictModel, load_yaml_file, parse_document
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
 
 API_VERSION: Literal["ix-gpu.io/v1alpha1"] = "ix-gpu.io/v1alpha1"
@@ -479,7 +479,6 @@ def load_config(path: str | Path | None) -> WebhookConfig:
 
 
 __all__ = [
-    "ConfigError",
     "WebhookConfig",
     "default_config",
     "json_schema",

@@ -37,7 +37,7 @@ run on PyYAML's Python parser, whose composer counts depth as it goes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from re import Pattern
 from typing import Any, Final, Protocol
 
@@ -45,20 +45,13 @@ import yaml
 from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.error import MarkedYAMLError
-from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from yaml.parser import Parser
 from yaml.reader import Reader, ReaderError
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from ix_gpu.devicemodel.input_files import (
-    CONFIG_MAX_BYTES,
-    ConfigError,
-    MiB,
-    YamlInputError,
-    read_capped,
-    size_text,
-)
+from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, MiB, YamlInputError, size_text
 from ix_gpu.devicemodel.text import one_line
 
 MANIFEST_MAX_BYTES: Final = 16 * MiB
@@ -374,6 +367,38 @@ def _load(
         raise YamlInputError(f"{source}: not valid {what}: {type(exc).__name__}: {one_line(exc)}") from None
 
 
+def lines_of(content: bytes | str, paths: Sequence[Sequence[int | str]]) -> list[int | None]:
+    """For each path of keys and indices into ``content``'s one document, the line (1-based) of the
+    deepest node the path reaches: a mapping entry's key, a list item's start. A part that is not
+    in the text (a missing field, a union member's tag, a key pulled in by a ``<<`` merge) stops the
+    walk there; ``None`` when not even its first part is.
+
+    For error messages only: ``content`` must already have passed :func:`load_yaml` (size, depth,
+    aliases, duplicate keys), which makes composing it a second time safe; a valid config never
+    pays for it."""
+    root = yaml.compose(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return [_line_along(root, path) for path in paths]
+
+
+def _line_along(node: Node | None, path: Sequence[int | str]) -> int | None:
+    line = None
+    for part in path:
+        if isinstance(node, MappingNode) and isinstance(part, str):
+            found = next(
+                (pair for pair in node.value if isinstance(pair[0], ScalarNode) and pair[0].value == part),
+                None,
+            )
+            if found is None:
+                break
+            line, node = _line(found[0]), found[1]
+        elif isinstance(node, SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = _line(node)
+        else:
+            break
+    return line
+
+
 def load_yaml(
     content: bytes | str,
     source: str,
@@ -423,13 +448,10 @@ def load_yaml_documents(
 
 
 __all__ = [
-    "CONFIG_MAX_BYTES",
     "MANIFEST_MAX_BYTES",
     "MAX_ALIAS_NODES",
     "MAX_DEPTH",
-    "ConfigError",
-    "YamlInputError",
+    "lines_of",
     "load_yaml",
     "load_yaml_documents",
-    "read_capped",
 ]

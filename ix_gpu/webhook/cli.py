@@ -161,8 +161,8 @@ def _run_mutate(args: argparse.Namespace) -> int:
 
 
 def _run_config_validate(args: argparse.Namespace) -> int:
-    from ix_gpu.devicemodel.schema_base import YamlInputError
-    from ix_gpu.devicemodel.webhook_config import ConfigError, load_config
+    from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError
+    from ix_gpu.devicemodel.webhook_config import load_config
 
     try:
         config = load_config(args.file)

@@ -21,9 +21,10 @@ from typing import Any, TextIO
 import jsonpatch
 import yaml
 
+from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError
 from ix_gpu.devicemodel.text import one_line
-from ix_gpu.devicemodel.webhook_config import ConfigError, load_config
-from ix_gpu.devicemodel.yaml_input import MANIFEST_MAX_BYTES, YamlInputError, load_yaml_documents
+from ix_gpu.devicemodel.webhook_config import load_config
+from ix_gpu.devicemodel.yaml_input import MANIFEST_MAX_BYTES, load_yaml_documents
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ix_gpu.devicemodel import k8s_names
-from ix_gpu.devicemodel.schema_base import ConfigError
+from ix_gpu.devicemodel.input_files import ConfigError
 from ix_gpu.devicemodel.webhook_config import parse_config
 
 

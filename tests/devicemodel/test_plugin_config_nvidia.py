@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from ix_gpu.devicemodel.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_config import (
-    ConfigError,
     DeviceIdStrategy,
     ReplicaPolicy,
     load_plugin_config,

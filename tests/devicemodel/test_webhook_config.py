@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from ix_gpu.devicemodel.schema_base import ConfigError
+from ix_gpu.devicemodel.input_files import ConfigError
 from ix_gpu.devicemodel.webhook_config import (
     Workload,
     default_config,
@@ -89,6 +89,50 @@ def test_file_errors(tmp_path: Path) -> None:
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(scalar)
+
+
+WEBHOOK_CONFIG_HEAD = (
+    "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\nprofiles:\n- name: p\n  resources: [a.com/gpu]\n"
+)
+"""Lines 1-5: one valid profile; what a case appends starts on line 6."""
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (WEBHOOK_CONFIG_HEAD + "  privilegd: allowed\n", "line 6: profiles[0].privilegd: unknown key"),
+        (
+            WEBHOOK_CONFIG_HEAD + "  privileged: sometimes\n",
+            "line 6: profiles[0].privileged: Input should be",
+        ),
+        (
+            "apiVersion: ix-gpu.io/v1alpha1\npolicy:\n  conflictPolicy: overwrite\n",
+            "line 3: policy.conflictPolicy: ",
+        ),
+        (
+            WEBHOOK_CONFIG_HEAD + "policy:\n  conflictPolicy: overwrite\nworkload: []\n",
+            "line 7: policy.conflictPolicy: ",
+        ),
+    ],
+)
+def test_errors_in_a_file_name_key_and_line(tmp_path: Path, text: str, message: str) -> None:
+    """As the plugin's config errors do: the operator goes to the line, not only to the field."""
+    path = tmp_path / "webhook.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}: {message}")
+
+
+def test_every_error_of_a_file_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "webhook.yaml"
+    path.write_text(WEBHOOK_CONFIG_HEAD + "  privilegd: allowed\nworkload: []\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert (
+        str(caught.value)
+        == f"{path}: line 6: profiles[0].privilegd: unknown key; line 7: workload: unknown key"
+    )
 
 
 def test_empty_file_is_the_default(tmp_path: Path) -> None:

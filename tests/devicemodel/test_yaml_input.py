@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ix_gpu.devicemodel import yaml_input
+from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError, read_capped
 from ix_gpu.devicemodel.plugin_config import load_plugin_config
-from ix_gpu.devicemodel.schema_base import ConfigError, YamlInputError, parse_yaml
+from ix_gpu.devicemodel.schema_base import parse_yaml
 from ix_gpu.devicemodel.webhook_config import load_config
-from ix_gpu.devicemodel.yaml_input import load_yaml, load_yaml_documents, read_capped
+from ix_gpu.devicemodel.yaml_input import load_yaml, load_yaml_documents
 from ix_gpu.plugin.backends.fake_devices import FakeDevices, parse_fake_devices
 from tests.support.paths import EXAMPLES
 
@@ -292,4 +293,4 @@ def test_parse_yaml_still_validates_after_loading() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_yaml(FakeDevices, "vendor: amd\n", "devices.yaml")
     assert not isinstance(caught.value, YamlInputError)  # readable YAML, invalid content
-    assert str(caught.value).startswith("devices.yaml: vendor")
+    assert str(caught.value).startswith("devices.yaml: line 1: vendor")  # every config names the line

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ix_gpu.devicemodel.schema_base import ConfigError, parse_yaml
+from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+from ix_gpu.devicemodel.schema_base import parse_yaml
 from ix_gpu.devicemodel.text import one_line
 from ix_gpu.devicemodel.webhook_config import WebhookConfig, default_config
-from ix_gpu.devicemodel.yaml_input import CONFIG_MAX_BYTES, read_capped
 from ix_gpu.runtime.guarded_http import Answer, HttpLimits, Route, start_guarded_http
 from ix_gpu.runtime.kube import in_cluster
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
