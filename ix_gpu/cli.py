@@ -1,8 +1,9 @@
 """``ix-gpu``: the single console script.
 
-Each area registers its own subcommands (``ix_gpu.webhook.cli``, ``ix_gpu.plugin.cli``) so this module stays a
-dispatcher. Registration must stay import-light: ``ix-gpu mutate`` should not pay for FastAPI or
-gRPC, so handlers import their heavy dependencies when they run.
+Each area registers its own subcommands (``ix_gpu.webhook.cli``, ``ix_gpu.plugin.cli``,
+``ix_gpu.dra.cli``) so this module stays a dispatcher. Registration must stay import-light:
+``ix-gpu mutate`` should not pay for FastAPI or gRPC, so handlers import their heavy dependencies
+when they run.
 
 Exit codes follow the Kubernetes tools' habit: 0 success, 1 the command ran and the answer is "no"
 (e.g. an object was denied), 2 a usage error with a one-line message. Every long option can also be
@@ -20,7 +21,7 @@ from typing import Any
 
 from ix_gpu.runtime.usage import OneLineParser, UsageError
 
-_SUBCOMMAND_MODULES = ("ix_gpu.webhook.cli", "ix_gpu.plugin.cli")
+_SUBCOMMAND_MODULES = ("ix_gpu.webhook.cli", "ix_gpu.plugin.cli", "ix_gpu.dra.cli")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -51,8 +51,40 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.cli"),
         "the runtime layer sits below both processes",
     ),
-    ("ix_gpu.webhook", ("ix_gpu.plugin", "ix_gpu.cli"), "the webhook and the plugin are independent"),
-    ("ix_gpu.plugin", ("ix_gpu.webhook", "ix_gpu.cli"), "the webhook and the plugin are independent"),
+    (
+        "ix_gpu.webhook",
+        ("ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli"),
+        "the webhook and the plugins are independent",
+    ),
+    (
+        "ix_gpu.plugin",
+        ("ix_gpu.webhook", "ix_gpu.dra", "ix_gpu.cli"),
+        "the webhook and the plugins are independent; the DRA plugin builds on the device plugin, "
+        "not the reverse",
+    ),
+    # The DRA plugin reuses discovery, device grouping, CDI and the config loader; the device
+    # plugin's server (its gRPC servicer, registrar, metrics) is another process's shell.
+    (
+        "ix_gpu.dra",
+        (
+            "ix_gpu.webhook",
+            "ix_gpu.cli",
+            "ix_gpu.plugin.server.app",
+            "ix_gpu.plugin.server.servicer",
+            "ix_gpu.plugin.server.registration",
+            "ix_gpu.plugin.server.metrics",
+            "ix_gpu.plugin.cli",
+            "ix_gpu.plugin.api",
+            "pynvml",
+            "ctypes",
+        ),
+        "the DRA plugin uses the plugin's backends, devices and config loader, never its server or a library",
+    ),
+    (
+        "ix_gpu.dra.devices",
+        ("ix_gpu.dra.api", "grpc", "grpclib", "ix_gpu.runtime.kube"),
+        "the DRA device model is pure of gRPC and the API server",
+    ),
     (
         "ix_gpu.plugin.backends",
         ("ix_gpu.plugin.server", "ix_gpu.plugin.devices", "ix_gpu.plugin.api", "grpc", "grpclib"),
@@ -73,6 +105,14 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
             "the plugin process uses grpclib and its own metrics, not grpcio or prometheus_client",
         )
         for importer in ("ix_gpu.plugin.server", "ix_gpu.plugin.cli", "ix_gpu.plugin.backends")
+    ),
+    *(
+        (
+            importer,
+            ("grpc", "ix_gpu.dra.api.dra_v1_pb2_grpc", "ix_gpu.dra.api.pluginregistration_v1_pb2_grpc"),
+            "the DRA plugin process uses grpclib, not grpcio",
+        )
+        for importer in ("ix_gpu.dra.app", "ix_gpu.dra.servicer", "ix_gpu.dra.cli", "ix_gpu.dra.prepare")
     ),
 )
 
@@ -147,6 +187,8 @@ def test_the_walk_sees_every_layer() -> None:
         "ix_gpu.plugin.devices",
         "ix_gpu.plugin.server",
         "ix_gpu.plugin.api",
+        "ix_gpu.dra",
+        "ix_gpu.dra.api",
     ):
         assert layer in names, f"{layer} is missing: the rules would check nothing"
         doc = ast.get_docstring(ast.parse((ROOT / layer.replace(".", "/") / "__init__.py").read_text()))
@@ -177,6 +219,12 @@ def test_the_walk_sees_every_layer() -> None:
         ("ix_gpu.plugin.server.metrics", "from prometheus_client import Counter", "prometheus_client"),
         ("ix_gpu.plugin.cli", "import prometheus_client", "prometheus_client"),
         ("ix_gpu.plugin.backends.fake", "from ix_gpu.plugin.devices import device_list", "devices"),
+        ("ix_gpu.plugin.server.app", "from ix_gpu.dra import devices", "ix_gpu.dra"),
+        ("ix_gpu.dra.app", "from ix_gpu.plugin.server.registration import Registrar", "registration"),
+        ("ix_gpu.dra.servicer", "import grpc", "grpc"),
+        ("ix_gpu.dra.app", "from ix_gpu.dra.api import dra_v1_pb2_grpc", "pb2_grpc"),
+        ("ix_gpu.dra.devices", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime.kube"),
+        ("ix_gpu.dra.slices", "from ix_gpu.webhook.core import mutation", "ix_gpu.webhook"),
     ],
 )
 def test_each_rule_catches_a_violation(module: str, source: str, expected: str) -> None:

@@ -1,0 +1,168 @@
+"""The ``ix-gpu dra`` process: serve the DRA socket, then the registration socket, then publish.
+
+Order matters as for the device plugin: the kubelet's plugin watcher calls GetInfo as soon as the
+registration socket appears and dials the endpoint it names, so the DRA service is serving first.
+The kubelet finds the registration socket again by itself after its own restart (it scans the
+directory on start), so, unlike the device plugin, nothing here re-registers.
+
+The health loop asks the backend for chips every ``health_interval`` seconds and republishes the
+slice when anything changed; a backend that fails marks every known device unhealthy, with the
+backend's message as the reason, as the device plugin does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpclib.server import Server
+
+from ix_gpu.dra.checkpoint import Checkpoint
+from ix_gpu.dra.claims import read_claim
+from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
+from ix_gpu.dra.prepare import Preparer
+from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
+from ix_gpu.dra.slices import SlicePublisher
+from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
+from ix_gpu.runtime.kube import ApiServer
+
+log = logging.getLogger(__name__)
+
+DRA_SOCKET = "dra.sock"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
+
+
+def registration_socket_name(driver: str) -> str:
+    return f"{driver}-reg.sock"
+
+
+@dataclass(frozen=True)
+class DraSettings:
+    driver: str
+    node: str
+    plugins_dir: Path
+    """The kubelet's plugins directory; the DRA socket is ``<dir>/<driver>/dra.sock``."""
+    registry_dir: Path
+    cdi_dir: Path
+    checkpoint: Path
+    splitboard: bool
+    driver_root: str | None = None
+    unhealthy: UnhealthyMode = "taint"
+    health_interval: float = 5.0
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugins_dir / self.driver / DRA_SOCKET
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / registration_socket_name(self.driver)
+
+    def socket_problems(self) -> list[str]:
+        return [
+            f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes"
+            for path in (self.dra_socket, self.registration_socket)
+            if len(str(path).encode()) > MAX_SOCKET_PATH
+        ]
+
+
+class DraApp:
+    def __init__(self, settings: DraSettings, backend: Backend, api: ApiServer) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.devices: dict[str, DraDevice] = {}
+        self._chips: list[Chip] = []
+        self.publisher = SlicePublisher(api, driver=settings.driver, node=settings.node)
+        self.preparer = Preparer(
+            driver=settings.driver,
+            pool=settings.node,
+            vendor=backend.vendor,
+            cdi_dir=settings.cdi_dir,
+            checkpoint=Checkpoint(settings.checkpoint),
+            read_claim=lambda ref: read_claim(api, ref),
+            devices=lambda: self.devices,
+            control_nodes=backend.control_nodes,
+            driver_root=settings.driver_root,
+        )
+        self.registration = RegistrationServicer(settings.driver, str(settings.dra_socket))
+        self.stop = asyncio.Event()
+        self._servers: list[tuple[Server, Path]] = []
+        self._last_error = ""
+
+    async def _serve(self, handler: DraServicer | RegistrationServicer, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a stale socket from a previous run would make bind fail
+        server = Server([handler])
+        await server.start(path=str(path))
+        self._servers.append((server, path))
+        log.info("serving %s on %s", type(handler).__name__, path)
+
+    def refresh(self) -> None:
+        """Discover chips once (blocking); a failing backend taints what was known."""
+        try:
+            self._chips = self.backend.chips()
+        except BackendError as exc:
+            self._chips = [dataclasses.replace(chip, unhealthy_reason=str(exc)) for chip in self._chips]
+            self._note(f"backend {self.backend.name}: {exc}")
+        self.devices = {d.name: d for d in dra_devices(self._chips, splitboard=self.settings.splitboard)}
+
+    def publish(self) -> bool:
+        devices = slice_devices(
+            self.devices.values(), self.backend.vendor, self.settings.driver, self.settings.unhealthy
+        )
+        try:
+            changed = self.publisher.publish(devices)
+        except OSError as exc:
+            self._note(f"cannot publish ResourceSlice {self.publisher.name} (will retry): {exc}")
+            return False
+        self._last_error = ""
+        return changed
+
+    def _note(self, message: str) -> None:
+        """One log line per distinct failure, not one per health interval."""
+        if message != self._last_error:
+            log.warning("%s", message)
+            self._last_error = message
+
+    async def _health_loop(self) -> None:
+        while not self.stop.is_set():
+            await asyncio.to_thread(self.refresh)
+            await asyncio.to_thread(self.publish)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.settings.health_interval)
+
+    async def run(self, *, handle_signals: bool = False) -> int:
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop.set)
+        await asyncio.to_thread(self.refresh)  # devices known before the first Prepare can come
+        await self._serve(DraServicer(self.preparer), self.settings.dra_socket)
+        await self._serve(self.registration, self.settings.registration_socket)
+        health = asyncio.create_task(self._health_loop())
+        try:
+            await self.stop.wait()
+        finally:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health
+            await self.shutdown()
+        return 0
+
+    async def shutdown(self, grace: float = 1.0) -> None:
+        """Registration socket first, so the kubelet stops sending before the service goes away.
+        Bounded: stopping must never hang on a client that keeps its connection."""
+        for server, path in reversed(self._servers):
+            server.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), timeout=grace)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self._servers.clear()
+        self.backend.close()
