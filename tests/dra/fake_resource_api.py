@@ -1,0 +1,143 @@
+"""A stand-in for the API server's resource.k8s.io/v1 endpoints the DRA plugin calls.
+
+GET of a Node and of ResourceClaims; GET, POST and PUT of ResourceSlices with resourceVersion
+checks (a stale PUT is a 409, as on the real server), and the server-side ``timeAdded`` the
+apiserver fills into device taints. The real-cluster tier replaces it with a kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ix_gpu.runtime.kube import ApiServer
+
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+@dataclass
+class FakeResourceApi:
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    version: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_node(self, name: str) -> None:
+        self.nodes[name] = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": f"uid-{name}"},
+        }
+
+    def add_claim(
+        self, namespace: str, name: str, uid: str, results: list[dict[str, Any]] | None
+    ) -> dict[str, Any]:
+        claim: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.iluvatar.com"}}]}
+            },
+            "status": {} if results is None else {"allocation": {"devices": {"results": results}}},
+        }
+        self.claims[(namespace, name)] = claim
+        return claim
+
+    def count(self, method: str, prefix: str = "") -> int:
+        with self.lock:
+            return sum(1 for m, p in self.calls if m == method and p.startswith(prefix))
+
+    def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        with self.lock:
+            self.calls.append((method, path))
+            parts = path.strip("/").split("/")
+            if path.startswith("/api/v1/nodes/") and method == "GET":
+                node = self.nodes.get(parts[-1])
+                return (200, node) if node else (404, _status(404, "NotFound"))
+            if (
+                path.startswith(f"{RESOURCE}/namespaces/")
+                and parts[-2] == "resourceclaims"
+                and method == "GET"
+            ):
+                claim = self.claims.get((parts[-3], parts[-1]))
+                return (200, claim) if claim else (404, _status(404, "NotFound"))
+            if path == f"{RESOURCE}/resourceslices" and method == "POST":
+                name = body["metadata"]["name"]
+                if name in self.slices:
+                    return 409, _status(409, "AlreadyExists")
+                return 201, self._store(body)
+            if path.startswith(f"{RESOURCE}/resourceslices/"):
+                name = parts[-1]
+                if method == "GET":
+                    stored = self.slices.get(name)
+                    return (200, stored) if stored else (404, _status(404, "NotFound"))
+                if method == "PUT":
+                    stored = self.slices.get(name)
+                    if stored is None:
+                        return 404, _status(404, "NotFound")
+                    if body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
+                        return 409, _status(409, "Conflict")
+                    return 200, self._store(body)
+            return 404, _status(404, "NotFound")
+
+    def _store(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        stored = copy.deepcopy(body)
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        for device in stored["spec"]["devices"]:
+            for taint in device.get("taints", []):
+                taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
+        self.slices[stored["metadata"]["name"]] = stored
+        return stored
+
+
+def _status(code: int, reason: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason}
+
+
+@contextmanager
+def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            code, answer = api.handle(method, self.path.split("?")[0], body)
+            raw = json.dumps(answer).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            self._answer("GET")
+
+        def do_POST(self) -> None:
+            self._answer("POST")
+
+        def do_PUT(self) -> None:
+            self._answer("PUT")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ApiServer(f"http://127.0.0.1:{server.server_port}", "t0ken", None)
+    finally:
+        server.shutdown()
+        server.server_close()
