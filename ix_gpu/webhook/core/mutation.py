@@ -152,9 +152,12 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
                 opted_out_templates += 1
                 continue
             # Injected under another config: take back what that injection recorded, then decide
-            # on the template as it is without it (see injection_record).
-            template, removal = strip_stale(found, config.digest)
-            stale_ops += removal
+            # on the template as it is without it (see injection_record). Most templates carry no
+            # record: one lookup in a map already read, and nothing else, decides that.
+            template = found
+            if labels.INJECTED_ITEMS in template_annotations:
+                template, removal = strip_stale(found, config.digest)
+                stale_ops += removal
             containers = gpu_containers(
                 template.body["spec"], config, template.where, MAX_GPU_CONTAINERS - gpu_container_count
             )
