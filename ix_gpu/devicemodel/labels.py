@@ -28,6 +28,10 @@ PUBLISHED = (GPU_PRODUCT, GPU_VENDOR, GPU_COUNT, GPU_MEMORY, GPU_REPLICAS)
 DEVICE_PLUGIN_CONFIG = f"{PREFIX}/device-plugin.config"
 """Set by the operator on a node: the name of the plugin config (a key of the plugin's ConfigMap)
 that node's plugin uses, as NVIDIA's ``nvidia.com/device-plugin.config``."""
+GPU_ALLOCATION = f"{PREFIX}/gpu.allocation"
+"""Set by the operator on a node: which allocator hands out its GPUs, ``device-plugin`` (also when
+absent) or ``dra`` (see :mod:`ix_gpu.devicemodel.allocation`). Not in :data:`PUBLISHED`: an
+operator's choice survives ``ix-gpu labels prune``."""
 
 # Annotations and labels read or written by the webhook.
 INJECT = f"{PREFIX}/inject"

@@ -8,6 +8,12 @@ directory on start), so, unlike the device plugin, nothing here re-registers.
 The health loop asks the backend for chips every ``health_interval`` seconds and republishes the
 slice when anything changed; a backend that fails marks every known device unhealthy, with the
 backend's message as the reason, as the device plugin does.
+
+The node's GPUs are this process's to hand out only on a node labelled
+``ix-gpu.io/gpu.allocation=dra`` whose kubelet offers no device-plugin GPUs
+(:mod:`ix_gpu.devicemodel.allocation`). Until then, and as soon as that stops being true, the
+slice lists no device and Prepare refuses claims it has not prepared before; a claim prepared
+earlier is still answered from the checkpoint (nothing new is handed out) and still unprepared.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 
 from grpclib.server import Server
 
+from ix_gpu.devicemodel.allocation import Verdict, dra_verdict
 from ix_gpu.dra.checkpoint import Checkpoint
 from ix_gpu.dra.claims import read_claim
 from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
@@ -29,6 +36,7 @@ from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
+from ix_gpu.plugin.server.node_config import NodeLabelReader
 from ix_gpu.runtime.kube import ApiServer
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,8 @@ class DraSettings:
     driver_root: str | None = None
     unhealthy: UnhealthyMode = "taint"
     health_interval: float = 5.0
+    node_interval: float = 30.0
+    """How often the node's allocation label and allocatable are re-read."""
 
     @property
     def dra_socket(self) -> Path:
@@ -78,6 +88,8 @@ class DraApp:
         self.devices: dict[str, DraDevice] = {}
         self._chips: list[Chip] = []
         self.publisher = SlicePublisher(api, driver=settings.driver, node=settings.node)
+        self.node_reader = NodeLabelReader(api, settings.node, settings.node_interval)
+        self.allocation = Verdict(False, "this node's allocation label is not read yet")
         self.preparer = Preparer(
             driver=settings.driver,
             pool=settings.node,
@@ -88,6 +100,7 @@ class DraApp:
             devices=lambda: self.devices,
             control_nodes=backend.control_nodes,
             driver_root=settings.driver_root,
+            refusal=lambda: None if self.allocation.allowed else self.allocation.reason,
         )
         self.registration = RegistrationServicer(settings.driver, str(settings.dra_socket))
         self.stop = asyncio.Event()
@@ -112,12 +125,29 @@ class DraApp:
             self._note(f"backend {self.backend.name}: {exc}")
         self.devices = {d.name: d for d in dra_devices(self._chips, splitboard=self.settings.splitboard)}
 
+    def check_allocation(self) -> Verdict:
+        """Read the node (at most every ``node_interval``) and decide; blocking. Logged on change."""
+        domain = self.backend.vendor.resource_name.partition("/")[0]
+        verdict = dra_verdict(self.node_reader.facts(), domain)
+        if verdict.reason != self.allocation.reason:
+            if verdict.allowed:
+                log.info("publishing this node's GPUs: %s", verdict.reason)
+            else:
+                log.warning("publishing no devices and preparing no new claim: %s", verdict.reason)
+        self.allocation = verdict
+        return verdict
+
     def publish(self) -> bool:
+        """The slice lists the devices while they are ours to hand out, else none: an existing
+        slice is emptied (generation bumped), and none is created just to say nothing."""
         devices = slice_devices(
             self.devices.values(), self.backend.vendor, self.settings.driver, self.settings.unhealthy
         )
         try:
-            changed = self.publisher.publish(devices)
+            if self.allocation.allowed:
+                changed = self.publisher.publish(devices)
+            else:
+                changed = self.publisher.publish([], create=False)
         except OSError as exc:
             self._note(f"cannot publish ResourceSlice {self.publisher.name} (will retry): {exc}")
             return False
@@ -133,6 +163,7 @@ class DraApp:
     async def _health_loop(self) -> None:
         while not self.stop.is_set():
             await asyncio.to_thread(self.refresh)
+            await asyncio.to_thread(self.check_allocation)
             await asyncio.to_thread(self.publish)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.health_interval)

@@ -52,7 +52,10 @@ class Preparer:
         devices: Callable[[], Mapping[str, DraDevice]],
         control_nodes: Callable[[], Sequence[str]],
         driver_root: str | None = None,
+        refusal: Callable[[], str | None] = lambda: None,
     ) -> None:
+        """``refusal``: why no new claim may be prepared now (None: it may); see
+        :mod:`ix_gpu.devicemodel.allocation`."""
         self.driver, self.pool, self.vendor = driver, pool, vendor
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint
@@ -60,6 +63,7 @@ class Preparer:
         self.devices = devices
         self.control_nodes = control_nodes
         self.driver_root = driver_root
+        self.refusal = refusal
         self._lock = threading.Lock()
 
     def spec_path(self, uid: str) -> Path:
@@ -74,6 +78,8 @@ class Preparer:
             known = self.checkpoint.claims.get(ref.uid)
             if known is not None and (not known.spec_file or Path(known.spec_file).exists()):
                 return known.devices
+        if (why := self.refusal()) is not None:
+            raise ClaimError(f"claim {ref}: not preparing it: {why}")
         try:
             claim = self.read_claim(ref)
         except OSError as exc:

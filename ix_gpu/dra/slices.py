@@ -74,12 +74,16 @@ class SlicePublisher:
             },
         }
 
-    def publish(self, devices: list[dict[str, Any]]) -> bool:
-        """Make the slice list ``devices``; True when it was written. Raises ``OSError``."""
+    def publish(self, devices: list[dict[str, Any]], *, create: bool = True) -> bool:
+        """Make the slice list ``devices``; True when it was written. ``create=False``: leave an
+        absent slice absent. Raises ``OSError``."""
         if devices == self.published:
             return False
         path = f"{RESOURCE_SLICES}/{quote(self.name, safe='')}"
         stored = self._get(path)
+        if stored is None and not create:
+            self.published = devices
+            return False
         spec = (stored or {}).get("spec") or {}
         stored_generation = int((spec.get("pool") or {}).get("generation") or 0)
         if stored is not None and _same(spec.get("devices"), devices) and spec.get("nodeName") == self.node:

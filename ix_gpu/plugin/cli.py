@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
     from ix_gpu.plugin.backends.base import Backend
     from ix_gpu.plugin.devices.device_list import DeviceList
+    from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
     from ix_gpu.plugin.server.node_config import NodeLabelReader
     from ix_gpu.runtime.kube import ApiServer
 
@@ -91,8 +92,18 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=float,
         default=60.0,
         metavar="SECONDS",
-        help="with a config directory: how often the node's config label is re-read (default 60)",
+        help="with a config directory or --dra-driver: how often the node's labels are re-read (default 60)",
     )
+    dra_driver = plugin.add_argument(
+        "--dra-driver",
+        metavar="NAME",
+        help="the DRA driver that may hand out this cluster's GPUs (ix-gpu dra's gpu.iluvatar.com): "
+        "advertise devices only while this node is not labelled ix-gpu.io/gpu.allocation=dra and no "
+        "ResourceSlice of NAME for it lists a device, and none while that cannot be read. Needs "
+        "NODE_NAME and get on nodes, list on resourceslices. Without it, a node labelled dra still "
+        "gets no devices when the node can be read (--config DIR)",
+    )
+    set_env_name(dra_driver, "IX_GPU_DRA_DRIVER")
     add_log_level(plugin)
     plugin.set_defaults(handler=run_plugin)
 
@@ -225,9 +236,10 @@ def run_plugin(args: argparse.Namespace) -> int:
     with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="plugin-start") as pool:
         starting = pool.submit(_make_backend, args)
         # A directory of configs needs the Node's label to pick one, so access comes first then.
-        early = args.kubeconfig is not None or config_dir is not None
+        early = args.kubeconfig is not None or config_dir is not None or args.dra_driver is not None
         api_server = _connect(args.kubeconfig) if early else None
         node_config = _node_config_reader(args, api_server, node_name, config_dir)
+        allocation = _allocation_gate(args, api_server, node_name, node_config)
         loading = pool.submit(_load_config, args, node_config.value() if node_config else None)
         from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 
@@ -260,6 +272,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         config_dir=config_dir,
         default_config=args.default_config,
         node_config=node_config,
+        allocation=allocation,
     )
 
     async def main() -> int:
@@ -329,6 +342,36 @@ def _node_config_reader(
     from ix_gpu.plugin.server.node_config import NodeLabelReader
 
     return NodeLabelReader(api_server, node_name, args.node_config_interval)
+
+
+def _allocation_gate(
+    args: argparse.Namespace,
+    api_server: ApiServer | None,
+    node_name: str | None,
+    reader: NodeLabelReader | None,
+) -> DevicePluginGate | None:
+    """What decides whether this node's GPUs are advertised (:mod:`ix_gpu.devicemodel.allocation`):
+    with ``--dra-driver``, the node's label and the driver's slices; else, where the node is read
+    anyway for its config, its label."""
+    if args.dra_driver is not None:
+        from ix_gpu.devicemodel.k8s_names import dns1123_subdomain
+
+        if problems := dns1123_subdomain(args.dra_driver):
+            raise UsageError(f"--dra-driver {args.dra_driver!r}: {'; '.join(problems)}")
+        if api_server is None or not node_name:
+            raise UsageError(
+                "--dra-driver needs NODE_NAME and cluster access (in a Pod, or --kubeconfig): the node's "
+                "allocation label and the driver's ResourceSlices decide what is advertised"
+            )
+        if reader is None:
+            from ix_gpu.plugin.server.node_config import NodeLabelReader
+
+            reader = NodeLabelReader(api_server, node_name, args.node_config_interval)
+    if reader is None:
+        return None
+    from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
+
+    return DevicePluginGate(reader, args.dra_driver)
 
 
 def _connect(kubeconfig: str | None) -> ApiServer | None:

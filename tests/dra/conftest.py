@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.fake_resource_api import FakeResourceApi, serving
 from tests.support.paths import FAKE_DEVICES
@@ -41,6 +42,6 @@ def fake_devices(short_tmp: Path) -> Path:
 @pytest.fixture
 def resource_api() -> Iterator[tuple[FakeResourceApi, ApiServer]]:
     fake = FakeResourceApi()
-    fake.add_node("node1")
+    fake.add_node("node1", labels={GPU_ALLOCATION: "dra"})  # this node's GPUs are DRA's to hand out
     with serving(fake) as api:
         yield fake, api

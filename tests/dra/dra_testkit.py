@@ -33,6 +33,7 @@ def settings(root: Path, *, splitboard: bool = True, unhealthy: UnhealthyMode = 
         splitboard=splitboard,
         unhealthy=unhealthy,
         health_interval=0.2,
+        node_interval=0.1,
     )
 
 

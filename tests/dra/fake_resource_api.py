@@ -30,11 +30,14 @@ class FakeResourceApi:
     version: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add_node(self, name: str) -> None:
+    def add_node(
+        self, name: str, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None
+    ) -> None:
         self.nodes[name] = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": name, "uid": f"uid-{name}"},
+            "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
+            "status": {"allocatable": dict(allocatable or {})},
         }
 
     def add_claim(

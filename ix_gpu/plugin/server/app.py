@@ -24,6 +24,7 @@ from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.devices.health import HealthTracker
 from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
+from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
 from ix_gpu.plugin.server.config_loader import load_runtime_config
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.node_config import Choice, NodeLabelReader, choose, named_configs
@@ -59,6 +60,9 @@ class PluginSettings:
     default_config: str | None = None
     node_config: NodeLabelReader | None = None
     """Reads the node's config label; ``None`` without cluster access (the default applies)."""
+    allocation: DevicePluginGate | None = None
+    """Whether this node's GPUs are the device plugin's to hand out (the node's
+    ``ix-gpu.io/gpu.allocation`` label, the DRA driver's slices); ``None``: always."""
 
 
 class PluginApp:
@@ -93,6 +97,8 @@ class PluginApp:
         self.labeler = NodeLabeler(settings.api_server, settings.node_name)
         self._labels_warned = False
         self._cdi_error: str | None = None
+        self.allocation_reason: str | None = None
+        """Why the devices are advertised or not, as last decided (None: no gate)."""
         self.stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         """Set once the first discovery has been published (the benchmark and tests wait on it)."""
@@ -221,23 +227,41 @@ class PluginApp:
         except ValueError as exc:
             log.error("cannot build the device list: %s", exc)
             return
+        # The node labels still describe the node's GPUs when another allocator hands them out.
+        allowed = await self._allowed()
+        offered = devices if allowed else build_device_list([], splitboard=False, replicas=1)
         cdi = self.config.device_list_strategy is DeviceListStrategy.CDI
-        if cdi and not await self._write_cdi_spec(devices):
+        if cdi and allowed and not await self._write_cdi_spec(offered):
             return
-        snapshot = self._snapshot(devices)
+        snapshot = self._snapshot(offered)
         if await self.state.publish(snapshot):
-            healthy = sum(1 for d in devices.devices if snapshot.health(d) == HEALTHY)
+            healthy = sum(1 for d in offered.devices if snapshot.health(d) == HEALTHY)
             log.info(
                 "advertising %d %s devices (%d Healthy, %d Unhealthy)",
-                len(devices.devices),
+                len(offered.devices),
                 self.resource_name,
                 healthy,
-                len(devices.devices) - healthy,
+                len(offered.devices) - healthy,
             )
             self.metrics.devices.labels(health=HEALTHY).set(healthy)
-            self.metrics.devices.labels(health=UNHEALTHY).set(len(devices.devices) - healthy)
+            self.metrics.devices.labels(health=UNHEALTHY).set(len(offered.devices) - healthy)
         if self.config.labels_enabled:
             await self._label_node(devices)
+
+    async def _allowed(self) -> bool:
+        """Whether this node's GPUs are the device plugin's to advertise; an empty list (which the
+        kubelet turns into allocatable 0) while they are not. Logged when the answer changes."""
+        gate = self.settings.allocation
+        if gate is None:
+            return True
+        verdict = await asyncio.to_thread(gate.verdict)
+        if verdict.reason != self.allocation_reason:
+            if verdict.allowed:
+                log.info("advertising this node's GPUs: %s", verdict.reason)
+            else:
+                log.warning("advertising no devices: %s", verdict.reason)
+            self.allocation_reason = verdict.reason
+        return verdict.allowed
 
     async def _write_cdi_spec(self, devices: DeviceList) -> bool:
         """Write the CDI spec for ``devices`` before they are advertised: a device the kubelet

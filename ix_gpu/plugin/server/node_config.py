@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.allocation import NodeFacts
 from ix_gpu.devicemodel.text import one_line
 
 if TYPE_CHECKING:
@@ -84,21 +85,24 @@ def choose(names: Collection[str], label: str | None, default: str | None) -> Ch
 
 
 class NodeLabelReader:
-    """This node's :data:`labels.DEVICE_PLUGIN_CONFIG` label, re-read at most every ``interval``."""
+    """This node's labels and allocatable (:class:`NodeFacts`), re-read at most every ``interval``:
+    the :data:`labels.DEVICE_PLUGIN_CONFIG` label for the config, the allocation label and
+    allocatable for :mod:`ix_gpu.devicemodel.allocation` (the DRA plugin reads its node through
+    this class too)."""
 
     def __init__(self, api: ApiServer, node: str, interval: float = 60.0) -> None:
         self.api = api
         self.node = node
         self.interval = interval
         self._read_at: float | None = None
-        self._value: str | None = None
+        self._facts: NodeFacts | None = None
         self._last_error: str | None = None
 
-    def value(self) -> str | None:
-        """The label's value (None: absent); the last known one while the apiserver fails."""
+    def facts(self) -> NodeFacts | None:
+        """The node as last read (None: never read); the last known while the apiserver fails."""
         now = time.monotonic()
         if self._read_at is not None and now - self._read_at < self.interval:
-            return self._value
+            return self._facts
         self._read_at = now
         path = f"/api/v1/nodes/{urllib.parse.quote(self.node)}?resourceVersion=0"
         try:
@@ -106,11 +110,14 @@ class NodeLabelReader:
         except (OSError, ValueError) as exc:
             message = one_line(exc, 300)
             if message != self._last_error:
-                log.error("cannot read node %s's labels (keeping %r): %s", self.node, self._value, message)
+                log.error("cannot read node %s (keeping what was read before): %s", self.node, message)
             self._last_error = message
-            return self._value
+            return self._facts
         self._last_error = None
-        found = (node.get("metadata") or {}).get("labels") or {} if isinstance(node, dict) else {}
-        value = found.get(labels.DEVICE_PLUGIN_CONFIG) if isinstance(found, dict) else None
-        self._value = value if isinstance(value, str) else None
-        return self._value
+        self._facts = NodeFacts.from_node(node)
+        return self._facts
+
+    def value(self) -> str | None:
+        """The config label's value (None: absent); the last known one while the apiserver fails."""
+        facts = self.facts()
+        return None if facts is None else facts.labels.get(labels.DEVICE_PLUGIN_CONFIG)
