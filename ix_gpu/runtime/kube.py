@@ -62,8 +62,8 @@ class ClientCertificate:
     key: Path | bytes
 
     def load_into(self, context: ssl.SSLContext) -> None:
-        """``load_cert_chain`` takes only file names: inline PEM goes through a private temporary
-        file (mode 0600, removed before this returns) rather than anywhere a pod could read it."""
+        """``load_cert_chain`` takes only file names, so inline PEM is written to a file in a
+        private temporary directory (mode 0700) that is removed before this returns."""
         if isinstance(self.cert, Path) and isinstance(self.key, Path):
             context.load_cert_chain(self.cert, self.key)
             return
@@ -74,7 +74,6 @@ class ClientCertificate:
         )
         with tempfile.TemporaryDirectory(prefix="ix-gpu-client-cert-") as directory:
             pair = Path(directory) / "pair.pem"
-            pair.touch(mode=0o600)
             pair.write_bytes(pem)
             context.load_cert_chain(pair)
 
