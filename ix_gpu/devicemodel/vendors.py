@@ -32,6 +32,10 @@ class Vendor:
     so the webhook's built-in profile mounts none and sets no LD_LIBRARY_PATH: a hostPath would
     shadow the toolkit in the user's image and fail on nodes without that directory."""
 
+    device_class: str | None = None
+    """The DRA DeviceClass through which pods claim this vendor's GPUs (``ix-gpu dra`` and the
+    chart's ``dra.enabled`` create it for Iluvatar); None where we ship no DRA driver."""
+
     def device_node(self, minor: int) -> str:
         return self.device_node_template.format(minor=minor)
 
@@ -45,6 +49,7 @@ ILUVATAR = Vendor(
     library_dir="/usr/local/corex/lib64",
     visible_devices_env="IX_VISIBLE_DEVICES",
     pci_vendor_id=0x1E3E,
+    device_class="gpu.iluvatar.com",
 )
 
 NVIDIA = Vendor(

@@ -208,6 +208,14 @@ class Profile(_Model):
     affinity: Affinity = Affinity()
     tolerations: tuple[Toleration, ...] = ()
     runtime_class_name: DnsSubdomain | None = None
+    device_classes: tuple[DnsSubdomain, ...] = Field(
+        default=(),
+        # Left out of dumps while empty, so configs that never name one keep their digest.
+        exclude_if=lambda value: not value,
+    )
+    """DRA DeviceClass names (``gpu.iluvatar.com``): a container that references a pod
+    ``resourceClaims`` entry whose claim or claim template requests a device of one of these
+    classes gets this profile, as it would for a matching resource in its limits."""
 
     @field_validator("name")
     @classmethod
@@ -222,6 +230,7 @@ class Profile(_Model):
         _require_unique("volume name", [v.name for v in mounts])
         _require_unique("volume mountPath", [v.mount_path for v in mounts])
         _require_unique("env name", [e.name for e in self.env])
+        _require_unique("device class", list(self.device_classes))
         return self
 
     def all_volumes(self) -> tuple[HostPathVolume, ...]:
@@ -314,6 +323,8 @@ def _paths_overlap(first: str, second: str) -> bool:
 
 
 class NamespaceLookupFailure(StrEnum):
+    """What to do when facts the decision needs cannot be learned (a namespace, a resource claim)."""
+
     ALLOW_UNMODIFIED = "allow-unmodified"
     DENY = "deny"
 
@@ -334,6 +345,11 @@ class Policy(_Model):
     conflict_policy: ConflictPolicy = ConflictPolicy.KEEP_USER
     namespace_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.ALLOW_UNMODIFIED
     """What the service does when it cannot learn a namespace's annotations and labels."""
+    claim_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.ALLOW_UNMODIFIED
+    """What the webhook does when a container references a resource claim whose device classes it
+    cannot learn (its watch has not synced, or the ResourceClaim or ResourceClaimTemplate is not
+    there yet): ``allow-unmodified`` injects nothing for that claim and warns; ``deny`` refuses the
+    object. Only asked when a profile names ``deviceClasses``."""
 
 
 def _builtin_workloads() -> tuple[Workload, ...]:
@@ -415,6 +431,7 @@ def vendor_profile(vendor: Vendor) -> Profile:
     return Profile(
         name=vendor.name,
         resources=(vendor.resource_name,),
+        device_classes=(vendor.device_class,) if vendor.device_class else (),
         volumes=driver,
         device_nodes=DeviceNodes(inject=False, volumes=device_volumes),
         env=env,
