@@ -174,6 +174,7 @@ class DraApp:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         await asyncio.to_thread(self.refresh)  # devices known before the first Prepare can come
+        await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
         await self._serve(DraServicer(self.preparer), self.settings.dra_socket)
         await self._serve(self.registration, self.settings.registration_socket)
         health = asyncio.create_task(self._health_loop())

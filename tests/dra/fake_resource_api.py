@@ -2,7 +2,9 @@
 
 GET of a Node and of ResourceClaims; GET, POST and PUT of ResourceSlices with resourceVersion
 checks (a stale PUT is a 409, as on the real server), and the server-side ``timeAdded`` the
-apiserver fills into device taints. The real-cluster tier replaces it with a kube-apiserver.
+apiserver fills into device taints; the list of ResourceSlices by ``spec.nodeName`` and
+``spec.driver`` field selectors, which the device plugin's allocation check asks for. A path in
+``denied`` answers 403. The real-cluster tier replaces it with a kube-apiserver.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +31,7 @@ class FakeResourceApi:
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     version: int = 1
+    denied: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_node(
@@ -61,8 +65,13 @@ class FakeResourceApi:
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         with self.lock:
+            path, _, query = path.partition("?")
             self.calls.append((method, path))
+            if path in self.denied:
+                return 403, _status(403, "Forbidden")
             parts = path.strip("/").split("/")
+            if path == f"{RESOURCE}/resourceslices" and method == "GET":
+                return 200, self._list_slices(query)
             if path.startswith("/api/v1/nodes/") and method == "GET":
                 node = self.nodes.get(parts[-1])
                 return (200, node) if node else (404, _status(404, "NotFound"))
@@ -92,6 +101,23 @@ class FakeResourceApi:
                     return 200, self._store(body)
             return 404, _status(404, "NotFound")
 
+    def _list_slices(self, query: str) -> dict[str, Any]:
+        wanted: dict[str, str] = {}
+        for selector in urllib.parse.parse_qs(query).get("fieldSelector", []):
+            for term in selector.split(","):
+                key, _, value = term.partition("=")
+                wanted[key] = value
+        items = [
+            s
+            for s in self.slices.values()
+            if all(s["spec"].get(k.removeprefix("spec.")) == v for k, v in wanted.items())
+        ]
+        return {
+            "kind": "ResourceSliceList",
+            "apiVersion": "resource.k8s.io/v1",
+            "items": copy.deepcopy(items),
+        }
+
     def _store(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         stored = copy.deepcopy(body)
@@ -118,7 +144,7 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
         def _answer(self, method: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
-            code, answer = api.handle(method, self.path.split("?")[0], body)
+            code, answer = api.handle(method, self.path, body)
             raw = json.dumps(answer).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
