@@ -21,6 +21,7 @@ PACKAGE = ROOT / "ix_gpu"
 # The pure core may import these and nothing else (standard-library modules without I/O).
 CORE_ALLOWED = (
     "__future__",
+    "base64",  # the injection record's digests: pure computation
     "collections",
     "copy",
     "dataclasses",
@@ -28,6 +29,7 @@ CORE_ALLOWED = (
     "fnmatch",
     "fractions",
     "functools",
+    "hashlib",
     "itertools",
     "math",
     "orjson",  # serialization in C; no I/O
