@@ -1,0 +1,162 @@
+"""The device plugin advertises no devices on a node whose GPUs are DRA's (ix-gpu.io/gpu.allocation=dra),
+and with --dra-driver none while that driver's ResourceSlices list devices on its node: the kubelet,
+seeing an empty list, offers 0. The API server is the DRA tests' fake."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ix_gpu.devicemodel.labels import GPU_ALLOCATION
+from ix_gpu.devicemodel.plugin_config import load_plugin_config
+from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.plugin.server.allocation_gate import DevicePluginGate, count_slice_devices
+from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.node_config import NodeLabelReader
+from ix_gpu.runtime.kube import ApiServer
+from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving
+from tests.plugin.kubelet_fake import FakeKubelet
+from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
+from tests.support.cli import ix_gpu
+
+pytestmark = pytest.mark.timeout(60)
+
+NODE = "node1"
+DRIVER = "gpu.iluvatar.com"
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[FakeResourceApi, ApiServer]]:
+    fake = FakeResourceApi()
+    fake.add_node(NODE)
+    fake.add_node("node2")
+    with serving(fake) as api:
+        yield fake, api
+
+
+def label(fake: FakeResourceApi, value: str | None) -> None:
+    with fake.lock:
+        fake.nodes[NODE]["metadata"]["labels"] = {} if value is None else {GPU_ALLOCATION: value}
+
+
+def dra_slice(fake: FakeResourceApi, node: str, devices: int, driver: str = DRIVER) -> None:
+    with fake.lock:
+        fake.slices[f"{node}-{driver}"] = {
+            "metadata": {"name": f"{node}-{driver}", "resourceVersion": "1"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "devices": [{"name": f"gpu-{i}"} for i in range(devices)],
+            },
+        }
+
+
+@contextlib.asynccontextmanager
+async def plugin(
+    base: Path, devices_file: Path, api: ApiServer, dra_driver: str | None
+) -> AsyncIterator[tuple[PluginApp, FakeKubelet]]:
+    directory = base / "dp"
+    directory.mkdir(exist_ok=True)
+    config_path = write_config(base, FAST_HEALTH)
+    kubelet = FakeKubelet(directory)
+    await kubelet.start()
+    gate = DevicePluginGate(NodeLabelReader(api, NODE, interval=0.05), dra_driver)
+    app = PluginApp(
+        PluginSettings(device_plugin_dir=directory, config_path=config_path, allocation=gate),
+        load_plugin_config(config_path).runtime(),
+        FakeBackend(devices_file),
+    )
+    task = asyncio.create_task(app.run())
+    try:
+        await kubelet.wait_for(lambda: kubelet.updates, what="first ListAndWatch update")
+        yield app, kubelet
+    finally:
+        app.request_stop("test finished")
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+
+
+def advertised(kubelet: FakeKubelet) -> int:
+    return len(kubelet.last_update().devices)
+
+
+def test_a_dra_node_gets_an_empty_list_and_its_gpus_back_after_relabel(
+    short_tmp: Path, fake_devices: Path, cluster: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    fake, api = cluster
+    label(fake, "dra")
+
+    async def scenario() -> None:
+        async with plugin(short_tmp, fake_devices, api, None) as (app, kubelet):
+            assert advertised(kubelet) == 0
+            assert app.allocation_reason is not None and f"{GPU_ALLOCATION}=dra" in app.allocation_reason
+            label(fake, None)
+            await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
+            label(fake, "DRA")  # neither mode (values compare case-sensitively): nothing
+            await kubelet.wait_for(lambda: advertised(kubelet) == 0, what="nothing advertised")
+
+    asyncio.run(scenario())
+
+
+def test_with_dra_driver_it_waits_for_the_dra_slice_to_empty(
+    short_tmp: Path, fake_devices: Path, cluster: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    fake, api = cluster
+    dra_slice(fake, NODE, 4)  # just relabelled away from dra: the DRA plugin has not withdrawn yet
+    dra_slice(fake, "node2", 4)  # another node's slice is no reason to wait
+    dra_slice(fake, NODE, 2, driver="other.example.com")  # nor another driver's
+
+    async def scenario() -> None:
+        async with plugin(short_tmp, fake_devices, api, DRIVER) as (app, kubelet):
+            assert advertised(kubelet) == 0
+            assert "still list 4 devices" in (app.allocation_reason or "")
+            dra_slice(fake, NODE, 0)
+            await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
+            fake.denied.add(f"{RESOURCE}/resourceslices")  # cannot tell any more: fail closed
+            await kubelet.wait_for(lambda: advertised(kubelet) == 0, what="nothing advertised")
+            assert "cannot list the ResourceSlices" in (app.allocation_reason or "")
+
+    asyncio.run(scenario())
+
+
+def test_slices_are_listed_by_node_and_driver_and_a_cluster_without_dra_has_none(
+    cluster: tuple[FakeResourceApi, ApiServer],
+) -> None:
+    fake, api = cluster
+    dra_slice(fake, NODE, 3)
+    dra_slice(fake, "node2", 4)
+    assert count_slice_devices(api, NODE, DRIVER) == 3
+    assert count_slice_devices(api, "node3", DRIVER) == 0
+
+    class NoDra:  # an API server that does not serve resource.k8s.io/v1
+        def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            from urllib.error import HTTPError
+
+            raise HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
+
+    assert count_slice_devices(NoDra(), NODE, DRIVER) == 0  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (
+            ["--dra-driver", "gpu.iluvatar.com"],
+            {"NODE_NAME": "node1"},
+            "--dra-driver needs NODE_NAME and cluster",
+        ),
+        (["--dra-driver", "Not_A_Name"], {}, "--dra-driver 'Not_A_Name'"),
+    ],
+)
+def test_dra_driver_usage_errors(
+    args: list[str], env: dict[str, str], message: str, fake_devices: Path
+) -> None:
+    result = ix_gpu(
+        "plugin", "--backend", "fake", "--fake-devices", str(fake_devices), *args, env=env, check=False
+    )
+    assert result.returncode == 2 and message in result.stderr
