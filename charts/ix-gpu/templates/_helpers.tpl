@@ -26,6 +26,10 @@
 {{- printf "%s-plugin" (include "ix-gpu.fullname" . | trunc 56 | trimSuffix "-") -}}
 {{- end -}}
 
+{{- define "ix-gpu.dra.name" -}}
+{{- printf "%s-dra" (include "ix-gpu.fullname" . | trunc 59 | trimSuffix "-") -}}
+{{- end -}}
+
 {{/* The MutatingWebhookConfiguration is cluster-scoped: the release name keeps it unique. */}}
 {{- define "ix-gpu.webhookConfiguration.name" -}}
 {{- include "ix-gpu.fullname" . -}}
@@ -74,13 +78,19 @@ app.kubernetes.io/component: webhook
 app.kubernetes.io/component: device-plugin
 {{- end -}}
 
+{{- define "ix-gpu.dra.selectorLabels" -}}
+{{ include "ix-gpu.selectorLabels" . }}
+app.kubernetes.io/component: dra-plugin
+{{- end -}}
+
 {{/*
-Whether the plugin talks to the API server ("true"/"false"): to publish node labels, or to read its
-node's config label (per-node configs). The ServiceAccount and the pod (whose setting wins) say the
-same, so RBAC that is granted is also usable.
+Whether the plugin talks to the API server ("true"/"false"): to publish node labels, to read its
+node's config label (per-node configs), or, with DRA, its allocation label and the DRA driver's
+ResourceSlices. The ServiceAccount and the pod (whose setting wins) say the same, so RBAC that is
+granted is also usable.
 */}}
 {{- define "ix-gpu.plugin.apiAccess" -}}
-{{- or .Values.plugin.nodeLabels (not (empty .Values.plugin.nodeConfigs)) -}}
+{{- or .Values.plugin.nodeLabels (not (empty .Values.plugin.nodeConfigs)) .Values.dra.enabled -}}
 {{- end -}}
 
 {{- define "ix-gpu.image" -}}
