@@ -39,17 +39,21 @@ def container(
     *,
     limits: Mapping[str, Any] | None = None,
     requests: Mapping[str, Any] | None = None,
+    claims: list[str | dict[str, str]] | None = None,
     image: str = IMAGE,
     **fields: Any,
 ) -> dict[str, Any]:
     """A container; ``gpus`` adds ``resource: gpus`` to its limits. ``resources`` is present only when
-    limits or requests are given (an empty mapping gives an empty one)."""
+    limits, requests or claims are given (an empty mapping gives an empty one). ``claims``: names of
+    the pod's ``resourceClaims`` (or ``{"name", "request"}`` entries) the container uses."""
     body: dict[str, Any] = {"name": name, "image": image, **fields}
     resources: dict[str, Any] = {}
     if limits is not None or gpus is not None:
         resources["limits"] = {**(limits or {}), **({} if gpus is None else {resource: gpus})}
     if requests is not None:
         resources["requests"] = dict(requests)
+    if claims is not None:
+        resources["claims"] = [{"name": c} if isinstance(c, str) else dict(c) for c in claims]
     if resources:
         body["resources"] = resources
     return body
@@ -65,10 +69,12 @@ def pod(
     init_containers: list[Any] | None = None,
     limits: Mapping[str, Any] | None = None,
     requests: Mapping[str, Any] | None = None,
+    resource_claims: list[dict[str, str]] | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """A v1 Pod. Without ``containers``: one container ``main``, built from ``limits``, ``requests``
-    and ``fields`` when any is given, else asking for one Iluvatar GPU."""
+    and ``fields`` when any is given, else asking for one Iluvatar GPU. ``resource_claims``: its
+    ``spec.resourceClaims`` (see :func:`pod_claim`)."""
     if containers is None:
         if limits is None and requests is None and not fields:
             containers = [container("main", 1)]
@@ -86,7 +92,59 @@ def pod(
     spec: dict[str, Any] = {"containers": containers}
     if init_containers is not None:
         spec["initContainers"] = init_containers
+    if resource_claims is not None:
+        spec["resourceClaims"] = resource_claims
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+DRA_CLASS = "gpu.iluvatar.com"
+"""The DeviceClass of Iluvatar GPUs under DRA (the chart's, and the built-in profile's)."""
+
+
+def pod_claim(name: str = "gpu", *, template: str | None = None, claim: str | None = None) -> dict[str, str]:
+    """A ``spec.resourceClaims`` entry: from a ResourceClaimTemplate (default: one named ``name``)
+    or, with ``claim``, an existing ResourceClaim shared with other pods."""
+    if claim is not None:
+        return {"name": name, "resourceClaimName": claim}
+    return {"name": name, "resourceClaimTemplateName": template or name}
+
+
+def device_request(
+    name: str = "gpu",
+    device_class: str | None = DRA_CLASS,
+    *,
+    first_available: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A resource.k8s.io/v1 device request: ``exactly`` one device of ``device_class``, or with
+    ``first_available`` the (subrequest, device class) alternatives in order."""
+    if first_available is not None:
+        subrequests = [{"name": sub, "deviceClassName": cls} for sub, cls in first_available]
+        return {"name": name, "firstAvailable": subrequests}
+    return {"name": name, "exactly": {"deviceClassName": device_class}}
+
+
+def resource_claim(
+    name: str = "gpu", requests: list[dict[str, Any]] | None = None, *, namespace: str | None = None
+) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceClaim (default: one Iluvatar GPU)."""
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    devices = {"requests": requests if requests is not None else [device_request()]}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": metadata,
+        "spec": {"devices": devices},
+    }
+
+
+def claim_template(
+    name: str = "gpu", requests: list[dict[str, Any]] | None = None, *, namespace: str | None = None
+) -> dict[str, Any]:
+    """A resource.k8s.io/v1 ResourceClaimTemplate whose claims hold ``requests``."""
+    claim = resource_claim(name, requests, namespace=namespace)
+    return {**claim, "kind": "ResourceClaimTemplate", "spec": {"spec": claim["spec"]}}
 
 
 def replica(*containers: dict[str, Any], replicas: int | None = None, **fields: Any) -> dict[str, Any]:
@@ -149,28 +207,24 @@ def review(
     kind: str = kind_field if isinstance(kind_field, str) else "Pod"
     metadata: dict[str, Any] = metadata_field if isinstance(metadata_field, dict) else {}
     name = metadata["name"] if isinstance(metadata.get("name"), str) else ""
-    built = (
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid or str(uuid.uuid4()),
-                "kind": GROUP_VERSION_KIND.get(kind, {"group": "example.com", "version": "v1", "kind": kind}),
-                "resource": RESOURCE.get(
-                    kind, {"group": "example.com", "version": "v1", "resource": "things"}
-                ),
-                "requestKind": GROUP_VERSION_KIND.get(kind),
-                "name": name,
-                "namespace": namespace,
-                "operation": operation,
-                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
-                "object": obj,
-                "oldObject": old,
-                "dryRun": dry_run,
-                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-            },
-        }
-    )
+    built = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid or str(uuid.uuid4()),
+            "kind": GROUP_VERSION_KIND.get(kind, {"group": "example.com", "version": "v1", "kind": kind}),
+            "resource": RESOURCE.get(kind, {"group": "example.com", "version": "v1", "resource": "things"}),
+            "requestKind": GROUP_VERSION_KIND.get(kind),
+            "name": name,
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": old,
+            "dryRun": dry_run,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }
     return copy.deepcopy(built) if copied else built
 
 

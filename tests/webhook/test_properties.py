@@ -1,6 +1,9 @@
 """Property tests over generated pods: patches apply, outputs are valid, mutation is idempotent,
 and containers that ask for no GPU are never touched.
 
+GPUs are asked for through limits and through DRA claims (``spec.resourceClaims`` of templates and
+claims for GPUs, for another device class, for both, and one the facts do not know).
+
 Pods are generated valid (unique names, mounts that reference volumes, consistent resources) and
 deliberately collide with what the profiles inject: same volume names with other content, mounts
 at the driver's path, LD_LIBRARY_PATH set by value or valueFrom, tolerations and affinity already
@@ -19,10 +22,12 @@ from hypothesis import strategies as st
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.webhook_config import default_config, parse_config
+from ix_gpu.webhook.core.claims import KnownClaims
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate
 from tests.support.k8s_schema import validate, validate_pod_template
+from tests.support.objects import DRA_CLASS, claim_template, device_request, pod_claim, resource_claim
 
 EXAMPLES = int(os.environ.get("IX_GPU_PROPERTY_EXAMPLES", "2000"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,6 +77,7 @@ RICH = CompiledConfig(
                         {"key": "iluvatar.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
                     ],
                     "runtimeClassName": "corex",
+                    "deviceClasses": [DRA_CLASS],
                 },
                 {
                     "name": "nvidia",
@@ -90,6 +96,32 @@ RICH = CompiledConfig(
     )
 )
 CONFIGS = [CompiledConfig(default_config()), RICH]
+
+NIC = "nic.example.com"
+CLAIM_REQUESTS: dict[str, dict[str, str] | None] = {
+    "gpu": {"gpu": DRA_CLASS},
+    "nic": {"nic": NIC},
+    "shared": {"gpu": DRA_CLASS},
+    "mixed": {"gpu": DRA_CLASS, "nic": NIC},
+    "fresh": None,
+}
+"""Pod claim name → its requests' device classes (None: the facts do not know it). The oracle the
+generated pods are checked against; CLAIMS says the same as manifests."""
+POD_CLAIMS = [
+    pod_claim("gpu"),
+    pod_claim("nic"),
+    pod_claim("shared", claim="shared"),
+    pod_claim("mixed"),
+    pod_claim("fresh"),
+]
+CLAIMS = KnownClaims.of(
+    [
+        claim_template("gpu"),
+        claim_template("nic", [device_request("nic", NIC)]),
+        resource_claim("shared"),
+        claim_template("mixed", [device_request("gpu"), device_request("nic", NIC)]),
+    ]
+)
 
 dns_label = st.from_regex(r"\A[a-z][a-z0-9]{0,6}\Z")
 env_name = st.sampled_from(["LD_LIBRARY_PATH", "PATH", "IX_MODE", "HOME", "A", "B_2"])
@@ -220,6 +252,18 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         metadata["annotations"] = {labels.GPU_TYPE: draw(st.sampled_from(["BI-V150", "A100, H100"]))}
     if draw(st.booleans()):
         spec["runtimeClassName"] = draw(st.sampled_from(["corex", "runc"]))
+    if draw(st.integers(0, 2)) == 0:
+        declared = draw(
+            st.lists(st.sampled_from(POD_CLAIMS), unique_by=lambda c: c["name"], min_size=1, max_size=3)
+        )
+        spec["resourceClaims"] = declared
+        refs = [{"name": c["name"]} for c in declared] + [
+            {"name": c["name"], "request": r} for c in declared for r in CLAIM_REQUESTS[c["name"]] or {}
+        ]
+        for container in spec["containers"] + spec.get("initContainers", []):
+            chosen = draw(st.lists(st.sampled_from(refs), unique_by=lambda r: r["name"], max_size=2))
+            if chosen:
+                container.setdefault("resources", {})["claims"] = chosen
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
@@ -240,6 +284,11 @@ def _gpu_container_names(pod: dict[str, Any], config: CompiledConfig) -> set[str
             limits = container.get("resources", {}).get("limits", {})
             if any(config.profiles_for(r) and int(q) > 0 for r, q in limits.items()):
                 names.add(container["name"])
+            for ref in container.get("resources", {}).get("claims", []):
+                requests = CLAIM_REQUESTS[ref["name"]] or {}
+                classes = [c for r, c in requests.items() if ref.get("request", r) == r]
+                if any(config.profiles_for_class(c) for c in classes):
+                    names.add(container["name"])
     return names
 
 
@@ -276,7 +325,7 @@ def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts,
     config = CONFIGS[config_index]
     validate(pod)
     original = copy.deepcopy(pod)
-    result = mutate(pod, "CREATE", namespace, config)
+    result = mutate(pod, "CREATE", namespace, config, CLAIMS)
     assert pod == original, "mutate() must not modify its input"
     if result.decision is Decision.DENIED:
         # Only privileged: required can deny, and neither config requires it.
@@ -292,11 +341,11 @@ def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts,
                 assert before == after, "a container without GPUs was changed"
     if gpu:
         assert mutated["metadata"]["annotations"][labels.INJECTED].endswith("@" + config.digest)
-    again = mutate(mutated, "CREATE", namespace, config)
+    again = mutate(mutated, "CREATE", namespace, config, CLAIMS)
     assert again.ops == [], again.ops
     assert again.decision in (Decision.UNCHANGED, Decision.SKIPPED)
     # A reinvocation sees the stored, defaulted object: still nothing to do.
-    stored = mutate(_apiserver_defaults(mutated), "CREATE", namespace, config)
+    stored = mutate(_apiserver_defaults(mutated), "CREATE", namespace, config, CLAIMS)
     assert stored.ops == []
     assert set(stored.warnings) <= set(result.warnings), "our own additions must not look like conflicts"
 
@@ -320,9 +369,9 @@ def test_tfjob_mutation_properties(
             }
         },
     }
-    result = mutate(job, "CREATE", namespace, RICH)
+    result = mutate(job, "CREATE", namespace, RICH, CLAIMS)
     mutated = jsonpatch.apply_patch(job, result.ops)
     for replica in mutated["spec"]["tfReplicaSpecs"].values():
         validate_pod_template(replica["template"])
         _check_semantics(replica["template"])
-    assert mutate(mutated, "CREATE", namespace, RICH).ops == []
+    assert mutate(mutated, "CREATE", namespace, RICH, CLAIMS).ops == []

@@ -115,6 +115,15 @@ class CompiledConfig:
             else:
                 self._workloads[(workload.api_version, workload.kind)] = workload
         self._matches: dict[str, tuple[CompiledProfile, ...]] = {}
+        classes: dict[str, list[CompiledProfile]] = {}
+        for compiled in self.profiles:
+            for device_class in compiled.source.device_classes:
+                classes.setdefault(device_class, []).append(compiled)
+        self.device_classes: dict[str, tuple[CompiledProfile, ...]] = {
+            k: tuple(v) for k, v in classes.items()
+        }
+        """DRA DeviceClass name → the profiles that map it, in config order (empty: claims are
+        never looked up)."""
         patterns = [pattern for p in config.profiles for pattern in p.resources]
         self.exact_resources: frozenset[str] | None = (
             None if any(ch in pattern for pattern in patterns for ch in "*?[") else frozenset(patterns)
@@ -143,6 +152,10 @@ class CompiledConfig:
             if len(self._matches) < _MATCH_CACHE_LIMIT:
                 self._matches[resource] = found
         return found
+
+    def profiles_for_class(self, device_class: str) -> tuple[CompiledProfile, ...]:
+        """Profiles whose ``deviceClasses`` name ``device_class`` (exact names: no globs)."""
+        return self.device_classes.get(device_class, ())
 
     def namespace_excluded(self, namespace: str) -> bool:
         return self._excluded.matches(namespace)

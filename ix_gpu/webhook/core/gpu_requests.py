@@ -35,7 +35,8 @@ MAX_NAME_CHARS = 64
 """Names are echoed in denial messages; Kubernetes names are at most 63 characters anyway."""
 
 
-def _describe(name: str, where: str) -> str:
+def describe(name: str, where: str) -> str:
+    """How a denial or warning names a container: `container "main" in <where>`."""
     if len(name) > MAX_NAME_CHARS:
         name = name[: MAX_NAME_CHARS - 1] + "…"
     return f'container "{name}"' + (f" in {where}" if where else "")
@@ -49,7 +50,7 @@ def _count(raw: Any, name: str, where: str, resource: str, field: str) -> int:
         return gpu_count(raw)
     except QuantityError as exc:
         raise GpuRequestError(
-            f"{_describe(name, where)}: {field} of {resource}: {exc}; GPU counts must be whole numbers >= 0"
+            f"{describe(name, where)}: {field} of {resource}: {exc}; GPU counts must be whole numbers >= 0"
         ) from None
 
 
@@ -122,7 +123,7 @@ def _gpus_requested(
     if resource not in limits:
         _count(requests[resource], name, where, resource, "request")
         raise GpuRequestError(
-            f"{_describe(name, where)}: {resource} is requested but has no limit; "
+            f"{describe(name, where)}: {resource} is requested but has no limit; "
             "set resources.limits (requests may be omitted and then equal the limit)"
         )
     limit = _count(limits[resource], name, where, resource, "limit")
@@ -130,6 +131,6 @@ def _gpus_requested(
         request = _count(requests[resource], name, where, resource, "request")
         if request != limit:
             raise GpuRequestError(
-                f"{_describe(name, where)}: {resource} request ({request}) must equal its limit ({limit})"
+                f"{describe(name, where)}: {resource} request ({request}) must equal its limit ({limit})"
             )
     return limit

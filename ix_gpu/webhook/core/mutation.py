@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ix_gpu.devicemodel import labels
+from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts, claim_containers
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied, skipped
 from ix_gpu.webhook.core.gpu_requests import GpuContainer, GpuRequestError, gpu_containers
@@ -107,8 +108,15 @@ def _gpu_types(*annotation_maps: dict[str, Any]) -> list[str]:
     return []
 
 
-def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig) -> MutationResult:
-    """Decide what to inject into ``obj`` (a Pod, TFJob or configured CRD, as a plain dict)."""
+def mutate(
+    obj: Any,
+    operation: str,
+    namespace: NamespaceFacts,
+    config: CompiledConfig,
+    claims: ClaimFacts = UNKNOWN_CLAIMS,
+) -> MutationResult:
+    """Decide what to inject into ``obj`` (a Pod, TFJob or configured CRD, as a plain dict).
+    ``claims``: what the DRA claims in the namespace request (see :mod:`.claims`)."""
     if operation != "CREATE":
         return skipped(f"operation {operation} is not mutated")
     if not isinstance(obj, dict):
@@ -143,6 +151,7 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
     if len(templates) > MAX_TEMPLATES:
         return denied(f"{kind} holds more than {MAX_TEMPLATES} pod templates, the most the webhook handles")
     gpu_container_count = 0
+    claim_warnings: tuple[str, ...] = ()
     try:
         for found in templates:
             if not isinstance(found.body.get("spec"), dict):
@@ -158,9 +167,15 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
             if labels.INJECTED_ITEMS in template_annotations:
                 template, removal = strip_stale(found, config.digest)
                 stale_ops += removal
+            spec = template.body["spec"]
             containers = gpu_containers(
-                template.body["spec"], config, template.where, MAX_GPU_CONTAINERS - gpu_container_count
+                spec, config, template.where, MAX_GPU_CONTAINERS - gpu_container_count
             )
+            if "resourceClaims" in spec and config.device_classes:  # DRA: see .claims
+                containers, warned = claim_containers(
+                    spec, containers, config, claims, namespace.name, template.where
+                )
+                claim_warnings += warned
             if containers:
                 gpu_container_count += len(containers)
                 if gpu_container_count > MAX_GPU_CONTAINERS:
@@ -173,6 +188,13 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
     except GpuRequestError as exc:
         return denied(str(exc))
     if not plans:
+        if claim_warnings:
+            reason = (
+                "resource claims the webhook could not learn; allowed unmodified by policy.claimLookupFailure"
+            )
+            return MutationResult(
+                Decision.MUTATED if stale_ops else Decision.SKIPPED, stale_ops, [*claim_warnings], reason
+            )
         if stale_ops:
             reason = "removed what an earlier config injected; nothing to inject now"
             return MutationResult(Decision.MUTATED, stale_ops, [], reason)
@@ -186,6 +208,8 @@ def mutate(obj: Any, operation: str, namespace: NamespaceFacts, config: Compiled
         privileged_block=_privileged_block(namespace, config),
     )
     run.ops += stale_ops  # first: the injection ops below are computed on the stripped templates
+    if claim_warnings:
+        run.warnings += claim_warnings
     try:
         for template, containers, gpu_types in plans:
             inject_template(template, containers, gpu_types, run)
