@@ -1,0 +1,179 @@
+"""The chart's dra.enabled: the DRA plugin's own DaemonSet, the DeviceClass, RBAC, the slice policy,
+and the device plugin told to yield (--dra-driver, the rights that check needs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cel
+import pytest
+
+from tests.chart.rendering import KUBE_VERSIONS, HelmError, find, lint, render
+from tests.support.k8s_schema import validate
+
+DRA = "ixg-ix-gpu-dra"
+PLUGIN = "ixg-ix-gpu-plugin"
+NAMESPACE = "ix-gpu-system"
+ON = {"dra": {"enabled": True}}
+DRA_KINDS = {"DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def _dra_objects(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted(
+        (o["kind"], o["metadata"]["name"])
+        for o in objects
+        if o["kind"] in DRA_KINDS or o["metadata"]["name"].startswith(DRA)
+    )
+
+
+def test_off_by_default_and_on_adds_exactly_the_dra_objects() -> None:
+    assert _dra_objects(render()) == []
+    assert "--dra-driver=gpu.iluvatar.com" not in str(find(render(), "DaemonSet", PLUGIN))
+    assert _dra_objects(render(ON)) == [
+        ("ClusterRole", DRA),
+        ("ClusterRoleBinding", DRA),
+        ("DaemonSet", DRA),
+        ("DeviceClass", "gpu.iluvatar.com"),
+        ("ServiceAccount", DRA),
+        ("ValidatingAdmissionPolicy", f"{DRA}-resourceslices"),
+        ("ValidatingAdmissionPolicyBinding", f"{DRA}-resourceslices"),
+    ]
+    without_policy = render({"dra": {"enabled": True, "restrictSlicesToOwnNode": False}})
+    assert not [o for o in without_policy if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS[-1:])
+def test_dra_objects_are_valid_kubernetes_and_lint(kube_version: str) -> None:
+    for obj in render(ON):
+        if obj["kind"] in DRA_KINDS or obj["metadata"]["name"].startswith((DRA, PLUGIN)):
+            validate(obj, version=kube_version)
+    assert lint(ON)["errors"] == []
+
+
+def test_device_class_selects_our_driver_by_cel() -> None:
+    device_class = find(render(ON), "DeviceClass", "gpu.iluvatar.com")
+    assert device_class["apiVersion"] == "resource.k8s.io/v1"
+    (selector,) = device_class["spec"]["selectors"]
+    expression = selector["cel"]["expression"]
+    assert expression == 'device.driver == "gpu.iluvatar.com"'
+    assert cel.evaluate(expression, {"device": {"driver": "gpu.iluvatar.com"}}) is True
+    assert cel.evaluate(expression, {"device": {"driver": "gpu.nvidia.com"}}) is False
+    renamed = find(render({"dra": {"enabled": True, "driverName": "gpu.example.com"}}), "DeviceClass")
+    assert renamed["metadata"]["name"] == "gpu.example.com"
+    assert "gpu.example.com" in renamed["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_rbac_is_exactly_what_each_plugin_calls() -> None:
+    objects = render(ON)
+    assert find(objects, "ClusterRole", DRA)["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["get", "create", "update"],
+        },
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ]
+    binding = find(objects, "ClusterRoleBinding", DRA)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": DRA, "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == DRA
+    # The device plugin reads its node's allocation label and lists the driver's slices.
+    assert find(objects, "ClusterRole", PLUGIN)["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch", "get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
+    ]
+    # ... also with node labels off: then it still needs the token and those rights.
+    quiet = render({"dra": {"enabled": True}, "plugin": {"nodeLabels": False}})
+    assert find(quiet, "ClusterRole", PLUGIN)["rules"][0]["verbs"] == ["get"]
+    assert (
+        find(quiet, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    )
+
+
+def test_slice_policy_binds_the_dra_service_account_and_checks_node_and_driver() -> None:
+    objects = render(ON)
+    policy = find(objects, "ValidatingAdmissionPolicy", f"{DRA}-resourceslices")["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceslices"] and set(rule["operations"]) == {
+        "CREATE",
+        "UPDATE",
+        "DELETE",
+    }
+    (condition,) = policy["matchConditions"]
+    assert (
+        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{DRA}"'
+    )
+    expressions = " ".join(v["expression"] for v in policy["validations"])
+    assert "authentication.kubernetes.io/node-name" in " ".join(v["expression"] for v in policy["variables"])
+    assert "variables.userNodeName" in expressions and 'spec.driver == "gpu.iluvatar.com"' in expressions
+    binding = find(objects, "ValidatingAdmissionPolicyBinding", f"{DRA}-resourceslices")["spec"]
+    assert binding == {"policyName": f"{DRA}-resourceslices", "validationActions": ["Deny"]}
+
+
+def test_dra_daemonset_runs_only_on_dra_nodes_with_same_path_mounts() -> None:
+    daemonset = find(render(ON), "DaemonSet", DRA)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == DRA
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {"key": "ix-gpu.io/gpu.allocation", "operator": "In", "values": ["dra"]}
+    ]
+    assert daemonset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "dra-plugin"
+    (container,) = pod["containers"]
+    assert container["args"][0] == "dra"
+    assert "--driver-name=gpu.iluvatar.com" in container["args"]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: (m["name"], m.get("readOnly", False)) for m in container["volumeMounts"]}
+    # Every host directory is mounted at its own path: GetInfo names the absolute dra.sock path.
+    assert {path: host[name] for path, (name, _) in mounts.items() if name in host} == {
+        "/var/lib/kubelet/plugins_registry": "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins/gpu.iluvatar.com": "/var/lib/kubelet/plugins/gpu.iluvatar.com",
+        "/var/run/cdi": "/var/run/cdi",
+        "/dev": "/dev",
+        "/sys": "/sys",
+        "/usr/local/corex": "/usr/local/corex",
+    }
+    assert not mounts["/var/run/cdi"][1] and not mounts["/var/lib/kubelet/plugins/gpu.iluvatar.com"][1]
+    assert mounts["/usr/local/corex"][1] and mounts["/ixconfig"] == ("ix-config", True)
+    assert "--plugins-dir=/var/lib/kubelet/plugins" in container["args"]
+    assert "--registry-dir=/var/lib/kubelet/plugins_registry" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["IX_GPU_PLUGIN_CONFIG"]["value"] == "/ixconfig/ix-config"
+    assert env["LD_LIBRARY_PATH"]["value"] == "/usr/local/corex/lib64"
+    # ix-gpu dra serves no HTTP: no probe rather than one that only sees a socket file.
+    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container)
+    assert container["securityContext"]["privileged"] is True
+
+
+def test_device_plugin_keeps_running_everywhere_and_is_told_the_driver() -> None:
+    daemonset = find(render(ON), "DaemonSet", PLUGIN)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert "affinity" not in pod  # it yields by itself on dra nodes, and keeps labelling them
+    (container,) = pod["containers"]
+    assert "--dra-driver=gpu.iluvatar.com" in container["args"]
+    assert pod["automountServiceAccountToken"] is True
+
+
+def test_dra_without_the_device_plugin_still_has_its_ix_config() -> None:
+    objects = render({"dra": {"enabled": True}, "plugin": {"enabled": False}})
+    assert find(objects, "ConfigMap", "ix-config")["data"]["ix-config"].startswith("flags:")
+    assert not [o for o in objects if o["metadata"]["name"] == PLUGIN]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"dra": {"enabled": True, "driverName": "Gpu_Iluvatar"}},
+        {"dra": {"enabled": True, "pluginsDir": "relative/plugins"}},
+        {"dra": {"enabled": True, "unhealthy": "evict"}},
+        {"dra": {"enabeld": True}},
+    ],
+)
+def test_schema_refuses_bad_dra_values(values: dict[str, Any]) -> None:
+    with pytest.raises(HelmError, match="dra"):
+        render(values)
