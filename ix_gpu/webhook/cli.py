@@ -61,6 +61,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="KEY=VALUE",
         help="a label of the namespace (repeatable), e.g. pod-security.kubernetes.io/enforce=baseline",
     )
+    mutate.add_argument(
+        "--claim-template",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="ResourceClaimTemplate or ResourceClaim manifests (repeatable) that DRA pods reference: "
+        "they stand in for the cluster's, whose device classes the webhook watches. Without a "
+        "namespace they match in any. A claim not given is unknown (policy.claimLookupFailure)",
+    )
     mutate.add_argument("--patch", action="store_true", help="print JSON patches instead of objects")
     mutate.add_argument(
         "-v", "--verbose", action="store_true", help="say on stderr what happened to each object"
@@ -154,6 +163,7 @@ def _run_mutate(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         namespace_annotations=dict(args.namespace_annotation),
         namespace_labels=dict(args.namespace_label),
+        claim_files=tuple(args.claim_template),
         patch_only=args.patch,
         verbose=args.verbose,
     )

@@ -2,7 +2,9 @@
 
 The operator's preview tool ("what will the webhook do to this?"), and a way to run the exact
 production code path without a cluster. It reads the namespace facts from flags, because there is
-no cluster to ask; facts given that way are treated as known.
+no cluster to ask; facts given that way are treated as known. The claims DRA pods reference come
+from ``--claim-template`` files the same way; a claim not given is unknown, as a claim the
+webhook's cache has not seen.
 
 Every input error is one line on stderr and exit code 2: manifests go through the one strict loader
 (:mod:`ix_gpu.devicemodel.yaml_input`: size, depth, alias and duplicate-key limits; JSON is read as
@@ -25,6 +27,7 @@ from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError
 from ix_gpu.devicemodel.text import one_line
 from ix_gpu.devicemodel.webhook_config import load_config
 from ix_gpu.devicemodel.yaml_input import MANIFEST_MAX_BYTES, load_yaml_documents
+from ix_gpu.webhook.core.claims import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE, KnownClaims, claim_key
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate
@@ -39,6 +42,8 @@ class MutateOptions:
     namespace_labels: dict[str, str] = field(default_factory=dict)
     patch_only: bool = False
     verbose: bool = False
+    claim_files: tuple[str, ...] = ()
+    """ResourceClaimTemplate / ResourceClaim manifests (``--claim-template``)."""
 
 
 def _read_input(filename: str, stdin: TextIO) -> bytes:
@@ -90,14 +95,40 @@ def _namespace(options: MutateOptions, doc: Any) -> str:
     return namespace if isinstance(namespace, str) and namespace else "default"
 
 
-def _mutate_one(doc: Any, options: MutateOptions, config: CompiledConfig, stderr: TextIO) -> list[Any] | None:
+def _read_claims(options: MutateOptions, stdin: TextIO) -> KnownClaims:
+    """The claims of ``--claim-template`` files (the items of a List too). Other objects are passed
+    over, so the file a user applies (a template and its pod) serves; a file with no claim at all,
+    or a claim without a name, is a :class:`YamlInputError` naming the file."""
+    objects: list[Any] = []
+    for filename in options.claim_files:
+        found = 0
+        for doc in _read_documents(filename, stdin):
+            for item in doc["items"] if _is_list(doc) else [doc]:
+                kind = item.get("kind") if isinstance(item, dict) else None
+                if kind not in (RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE):
+                    continue
+                if claim_key(item) is None:
+                    raise YamlInputError(f"{filename}: a {kind} without metadata.name")
+                found += 1
+                metadata = item["metadata"]
+                if options.namespace and not metadata.get("namespace"):
+                    item = {**item, "metadata": {**metadata, "namespace": options.namespace}}
+                objects.append(item)
+        if not found:
+            raise YamlInputError(f"{filename} holds no ResourceClaimTemplate or ResourceClaim")
+    return KnownClaims.of(objects)
+
+
+def _mutate_one(
+    doc: Any, options: MutateOptions, config: CompiledConfig, claims: KnownClaims, stderr: TextIO
+) -> list[Any] | None:
     """The patch ops for one document, or None when it is denied (said on stderr)."""
     facts = NamespaceFacts(
         name=_namespace(options, doc),
         labels=options.namespace_labels,
         annotations=options.namespace_annotations,
     )
-    result = mutate(doc, "CREATE", facts, config)
+    result = mutate(doc, "CREATE", facts, config, claims)
     for warning in result.warnings:
         print(f"Warning: {_describe(doc)}: {warning}", file=stderr)
     if result.decision is Decision.DENIED:
@@ -118,6 +149,7 @@ def run_mutate(options: MutateOptions, stdin: TextIO, stdout: TextIO, stderr: Te
         return 2
     try:
         documents = _read_documents(options.filename, stdin)
+        claims = _read_claims(options, stdin)
     except ConfigError as exc:
         print(f"ix-gpu mutate: {exc}", file=stderr)
         return 2
@@ -126,7 +158,7 @@ def run_mutate(options: MutateOptions, stdin: TextIO, stdout: TextIO, stderr: Te
     outputs: list[str] = []
     for doc in documents:
         if not _is_list(doc):
-            result = _result_of(doc, options, config, stderr)
+            result = _result_of(doc, options, config, claims, stderr)
             denied |= result is None
             outputs += [] if result is None else [_render(doc, result, options)]
             continue
@@ -135,7 +167,7 @@ def run_mutate(options: MutateOptions, stdin: TextIO, stdout: TextIO, stderr: Te
         # that would be admitted, mutated.
         kept = []
         for item in doc["items"]:
-            result = _result_of(item, options, config, stderr)
+            result = _result_of(item, options, config, claims, stderr)
             denied |= result is None
             if result is not None and options.patch_only:
                 outputs.append(_render(item, result, options))
@@ -156,10 +188,12 @@ def _is_list(doc: Any) -> bool:
     return isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)
 
 
-def _result_of(doc: Any, options: MutateOptions, config: CompiledConfig, stderr: TextIO) -> list[Any] | None:
+def _result_of(
+    doc: Any, options: MutateOptions, config: CompiledConfig, claims: KnownClaims, stderr: TextIO
+) -> list[Any] | None:
     """The patch ops for one object, or None when it is denied (said on stderr)."""
     try:
-        return _mutate_one(doc, options, config, stderr)
+        return _mutate_one(doc, options, config, claims, stderr)
     except Exception as exc:  # a bug in the mutation, reported like the webhook's fail-closed denial
         hint = "" if options.verbose else " (-v for the traceback)"
         print(

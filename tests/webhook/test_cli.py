@@ -186,3 +186,106 @@ def test_certs_generate(tmp_path: Path) -> None:
     cert.verify_directly_issued_by(ca)
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in usages
+
+
+# --------------------------------------------------------------------------- DRA pods
+
+DRA = EXAMPLES / "dra-gpu-pod.yaml"
+
+
+def _dra_pod(stdout: str) -> dict[str, object]:
+    docs = [d for d in yaml.safe_load_all(stdout) if d and d["kind"] == "Pod"]
+    assert len(docs) == 1
+    return docs[0]
+
+
+def test_mutate_a_dra_pod_with_its_claim_template() -> None:
+    result = ix_gpu("mutate", "-f", str(DRA), "--claim-template", str(DRA))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    corex = _dra_pod(result.stdout)["spec"]["containers"][0]  # type: ignore[index]
+    assert corex["env"] == [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}]
+    assert corex["volumeMounts"][0]["mountPath"] == "/usr/local/corex"
+
+
+def test_mutate_a_dra_pod_without_claim_facts_warns_and_leaves_it() -> None:
+    result = ix_gpu("mutate", "-f", str(DRA), "--patch")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[]\n[]\n"
+    assert (
+        'Warning: Pod/corex-dra: ix-gpu did not inject GPU settings for container "corex": the device '
+        'classes of ResourceClaimTemplate "bi-v100" in namespace "default" are not known to the webhook '
+        "(policy.claimLookupFailure)"
+    ) in result.stderr
+
+
+def test_mutate_claim_files_are_repeatable_and_take_resource_claims(tmp_path: Path) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {
+            "resourceClaims": [
+                {"name": "a", "resourceClaimName": "shared"},
+                {"name": "b", "resourceClaimTemplateName": "nic"},
+            ],
+            "containers": [
+                {"name": "one", "image": "x", "resources": {"claims": [{"name": "a"}]}},
+                {"name": "two", "image": "x", "resources": {"claims": [{"name": "b"}]}},
+            ],
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "shared", "namespace": "ml"},
+        "spec": {
+            "devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.iluvatar.com"}}]}
+        },
+    }
+    nic = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "nic"},
+        "spec": {
+            "spec": {"devices": {"requests": [{"name": "n", "exactly": {"deviceClassName": "nic.io"}}]}}
+        },
+    }
+    (tmp_path / "pod.json").write_text(json.dumps(pod))
+    (tmp_path / "claim.yaml").write_text(yaml.safe_dump(claim))
+    (tmp_path / "nic.yaml").write_text(yaml.safe_dump(nic))
+    args = ["-f", str(tmp_path / "pod.json"), "--claim-template", str(tmp_path / "claim.yaml")]
+    result = ix_gpu("mutate", *args, "--claim-template", str(tmp_path / "nic.yaml"), "--patch")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    paths = [op["path"] for op in json.loads(result.stdout)]
+    assert "/spec/containers/0/env" in paths and not any(p.startswith("/spec/containers/1/") for p in paths)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+            "holds no ResourceClaimTemplate or ResourceClaim",
+        ),
+        ("kind: ResourceClaim\nmetadata: {}\n", "a ResourceClaim without metadata.name"),
+        ("a: [", "claims.yaml"),
+    ],
+)
+def test_mutate_claim_files_that_are_not_claims_are_refused(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    path = tmp_path / "claims.yaml"
+    path.write_text(content)
+    result = ix_gpu("mutate", "-f", str(DRA), "--claim-template", str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("ix-gpu mutate: ") and result.stderr.count("\n") == 1
+    assert message in result.stderr
+
+
+def test_mutate_a_missing_claim_file_is_an_input_error(tmp_path: Path) -> None:
+    result = ix_gpu("mutate", "-f", str(DRA), "--claim-template", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2
+    assert "absent.yaml" in result.stderr and result.stderr.count("\n") == 1
