@@ -36,7 +36,7 @@ from tests.chart.rendering import (
     render_files,
 )
 from tests.support.k8s_schema import validate
-from tests.support.objects import container, pod, replica, tfjob
+from tests.support.objects import container, pod, pod_claim, replica, tfjob
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 
 WEBHOOK = "ixg-ix-gpu-webhook"
@@ -556,6 +556,22 @@ POD_CASES = [
         pod("p", [container("c")], init_containers=[container("c", limits={"cpu": "1"})]),
         False,
     ),
+    # DRA: a container that uses a claim is sent (the webhook learns the claim's device class).
+    ("dra claim", pod("p", [container("c", claims=["gpu"])], resource_claims=[pod_claim("gpu")]), True),
+    (
+        "dra claim in an initContainer",
+        pod(
+            "p",
+            [container("c")],
+            init_containers=[container("i", claims=["g"])],
+            resource_claims=[pod_claim("g")],
+        ),
+        True,
+    ),
+    ("claims used by no container", pod("p", [container("c")], resource_claims=[pod_claim("gpu")]), False),
+    ("empty claims", pod("p", [container("c", claims=[])], resource_claims=[]), False),
+    ("claims a map", pod("p", [{"name": "c", "resources": {"claims": {"name": "gpu"}}}]), False),
+    ("claims a string", pod("p", [{"name": "c", "resources": {"claims": "gpu"}}]), False),
 ]
 
 
@@ -677,6 +693,18 @@ def test_match_condition_follows_the_configured_profiles() -> None:
         expected = any(fnmatch.fnmatchcase(resource, g) for p in profiles for g in p["resources"])
         assert any(p.matches(resource) for p in config.profiles) is expected
         assert _matches(hook, pod("p", [container("c", limits={resource: "1"})])) is expected, resource
+
+
+def test_dra_pods_are_sent_only_while_a_profile_maps_a_device_class() -> None:
+    dra = pod("p", [container("c", claims=["gpu"])], resource_claims=[pod_claim("gpu")])
+    without = {"config": {"profiles": [{"name": "iluvatar", "resources": ["iluvatar.com/gpu"]}]}}
+    assert not _matches(_webhooks(without)[POD_HOOK], dra)
+    assert _matches(_webhooks(without)[POD_HOOK], pod("p", [container("c", 1)]))
+    worker = replica(container("tf", claims=["gpu"]))
+    worker["template"]["spec"]["resourceClaims"] = [pod_claim("gpu")]
+    assert _matches(
+        _webhooks()[TFJOB_HOOK], tfjob({"Worker": worker, "PS": replica(container("c"))}, name="t")
+    )
 
 
 def test_no_profile_is_an_error() -> None:
@@ -842,10 +870,19 @@ def _rules(objects: list[dict[str, Any]], kind: str, name: str) -> list[dict[str
     return hits[0]["rules"] if hits else []
 
 
+DRA_CLAIMS_RULE = {
+    "apiGroups": ["resource.k8s.io"],
+    "resources": ["resourceclaims", "resourceclaimtemplates"],
+    "verbs": ["list", "watch"],
+}
+"""The webhook learns DRA claims' device classes from a watch (no get: it never reads one by name)."""
+
+
 def test_webhook_rbac_is_least_privilege_in_self_mode() -> None:
     objects = render()
     assert _rules(objects, "ClusterRole", WEBHOOK) == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        DRA_CLAIMS_RULE,
         {
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["mutatingwebhookconfigurations"],
@@ -869,10 +906,11 @@ def test_webhook_rbac_is_least_privilege_in_self_mode() -> None:
 
 
 @pytest.mark.parametrize("mode", ["certManager", "provided"])
-def test_webhook_rbac_without_self_certs_only_reads_namespaces(mode: str) -> None:
+def test_webhook_rbac_without_self_certs_only_reads_namespaces_and_claims(mode: str) -> None:
     objects = render(CERT_MODES[mode])
     assert _rules(objects, "ClusterRole", WEBHOOK) == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        DRA_CLAIMS_RULE,
     ]
     assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")]
 

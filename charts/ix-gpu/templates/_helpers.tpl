@@ -239,16 +239,31 @@ fnmatch reads them) a regular expression. Resource names hold no other regex met
 {{- join " || " $tests -}}
 {{- end -}}
 
+{{/* DRA DeviceClass names the configured profiles map (deviceClasses), as a JSON list. */}}
+{{- define "ix-gpu.deviceClasses" -}}
+{{- $out := list -}}
+{{- range .Values.config.profiles -}}
+{{- $out = concat $out (default list .deviceClasses) -}}
+{{- end -}}
+{{- toJson ($out | uniq) -}}
+{{- end -}}
+
 {{/*
 CEL: does the pod spec at expression `.spec` (known to be a map) ask for a GPU in some container
-or initContainer, in limits or requests? Every step is guarded with `in` and type(): an
-evaluation error would apply failurePolicy Fail to an object that is none of our business, and a
-custom resource's fields can hold anything.
+or initContainer, in limits or requests, or (while a profile maps a DRA DeviceClass) through a DRA
+claim, `resources.claims`? Which device class a claim requests is in its ResourceClaim or
+ResourceClaimTemplate, which CEL cannot read: the webhook learns it. Every step is guarded with
+`in` and type(): an evaluation error would apply failurePolicy Fail to an object that is none of
+our business, and a custom resource's fields can hold anything.
 */}}
 {{- define "ix-gpu.cel.podSpecWantsGpu" -}}
 {{- $r := include "ix-gpu.cel.isGpuResource" .root -}}
 {{- $q := "'%s' in c.resources && type(c.resources.%s) == map && c.resources.%s.exists(r, %s)" -}}
-{{- $c := printf "type(c) == map && 'resources' in c && type(c.resources) == map && ((%s) || (%s))" (printf $q "limits" "limits" "limits" $r) (printf $q "requests" "requests" "requests" $r) -}}
+{{- $claims := "" -}}
+{{- if (include "ix-gpu.deviceClasses" .root | fromJsonArray) -}}
+{{- $claims = " || ('claims' in c.resources && type(c.resources.claims) == list && size(c.resources.claims) > 0)" -}}
+{{- end -}}
+{{- $c := printf "type(c) == map && 'resources' in c && type(c.resources) == map && ((%s) || (%s)%s)" (printf $q "limits" "limits" "limits" $r) (printf $q "requests" "requests" "requests" $r) $claims -}}
 {{- $list := "('%s' in %s && type(%s.%s) == list && %s.%s.exists(c, %s))" -}}
 {{- printf "%s || %s" (printf $list "containers" .spec .spec "containers" .spec "containers" $c) (printf $list "initContainers" .spec .spec "initContainers" .spec "initContainers" $c) -}}
 {{- end -}}
