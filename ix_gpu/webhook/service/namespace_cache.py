@@ -135,34 +135,36 @@ class NamespaceApi(Protocol):
     def close(self) -> None: ...
 
 
-class KubernetesNamespaceApi:
-    """Namespaces through the kubernetes client, as raw JSON."""
+class ListWatchApi(Protocol):
+    def list(self) -> tuple[list[Any], str]: ...
 
-    def __init__(self, api_client: Any, list_timeout: float = 15.0) -> None:
-        from kubernetes import client
+    def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]: ...
 
-        self._api_client = api_client
-        # Typed as Any: with _preload_content=False the client returns raw urllib3 responses,
-        # which its own annotations (written for the deserialised models) do not describe.
-        self._core: Any = client.CoreV1Api(api_client)
+    def close(self) -> None: ...
+
+
+class KubernetesListWatch:
+    """List and watch of one resource (``list_method``, a kubernetes client list call) as raw JSON."""
+
+    def __init__(self, list_method: Callable[..., Any], what: str, list_timeout: float = 15.0) -> None:
+        self._list_method = list_method
+        self._what = what
         self._list_timeout = list_timeout
         self._response: Any = None
         self._lock = threading.Lock()
 
     def list(self) -> tuple[list[Any], str]:
-        resp = self._call(
-            self._core.list_namespace, _preload_content=False, _request_timeout=self._list_timeout
-        )
+        resp = self._call(self._list_method, _preload_content=False, _request_timeout=self._list_timeout)
         doc = orjson.loads(resp.data)
         items = doc.get("items") if isinstance(doc, dict) else None
         version = _resource_version(doc) if isinstance(doc, dict) else None
         if not isinstance(items, list) or version is None:
-            raise ValueError("namespace list without items or metadata.resourceVersion")
+            raise ValueError(f"{self._what} list without items or metadata.resourceVersion")
         return items, version
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         resp = self._call(
-            self._core.list_namespace,
+            self._list_method,
             watch=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
@@ -188,6 +190,38 @@ class KubernetesNamespaceApi:
                 self._response = None
             resp.release_conn()
 
+    def close(self) -> None:
+        """Abort a running watch (called from another thread at shutdown)."""
+        with self._lock:
+            resp = self._response
+        if resp is not None:
+            # Closing a socket under a reader may raise anything; we are stopping anyway.
+            with contextlib.suppress(Exception):
+                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
+
+    @staticmethod
+    def _call(method: Callable[..., Any], **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return method(**kwargs)
+        except ApiException as exc:
+            if exc.status == 410:
+                raise ApiGone(str(exc.reason)) from None
+            raise
+
+
+class KubernetesNamespaceApi(KubernetesListWatch):
+    """Namespaces through the kubernetes client, as raw JSON."""
+
+    def __init__(self, api_client: Any, list_timeout: float = 15.0) -> None:
+        from kubernetes import client
+
+        # Typed as Any: with _preload_content=False the client returns raw urllib3 responses,
+        # which its own annotations (written for the deserialised models) do not describe.
+        self._core: Any = client.CoreV1Api(api_client)
+        super().__init__(self._core.list_namespace, "namespace", list_timeout)
+
     def get(self, name: str, timeout: float) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
@@ -200,73 +234,67 @@ class KubernetesNamespaceApi:
         doc = orjson.loads(resp.data)
         return doc if isinstance(doc, dict) else None
 
-    def close(self) -> None:
-        """Abort a running watch (called from another thread at shutdown)."""
-        with self._lock:
-            resp = self._response
-        if resp is not None:
-            # Closing a socket under a reader may raise anything; we are stopping anyway.
-            with contextlib.suppress(Exception):
-                resp.shutdown() if hasattr(resp, "shutdown") else resp.close()
 
-    def _call(self, method: Callable[..., Any], **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return method(**kwargs)
-        except ApiException as exc:
-            if exc.status == 410:
-                raise ApiGone(str(exc.reason)) from None
-            raise
-
-
-def kubernetes_api(kubeconfig: str | None) -> KubernetesNamespaceApi:
-    """The API from a kubeconfig file, or in-cluster when ``kubeconfig`` is None."""
+def api_client(kubeconfig: str | None) -> Any:
+    """A kubernetes ApiClient from a kubeconfig file, or in-cluster when ``kubeconfig`` is None."""
     from kubernetes import client
 
     configuration = client_configuration(kubeconfig)
     # The client retries failed requests 3 times by default; our loop does its own backoff.
     configuration.retries = False
-    return KubernetesNamespaceApi(client.ApiClient(configuration))
+    return client.ApiClient(configuration)
 
 
-class NamespaceCache:
-    """List + watch of Namespaces; ``facts()`` answers from memory, GETs on a miss."""
+def kubernetes_api(kubeconfig: str | None) -> KubernetesNamespaceApi:
+    """The Namespace API from a kubeconfig file, or in-cluster when ``kubeconfig`` is None."""
+    return KubernetesNamespaceApi(api_client(kubeconfig))
 
-    mode = "watch"
+
+class WatchedCache:
+    """A list + watch of one resource kept in a dict; subclasses say what each object becomes.
+
+    As client-go's reflector: list once, then keep watching from the last resourceVersion, in one
+    daemon thread. Readers on the event loop (or in a forked child) only do ``dict.get``, atomic
+    under the GIL, and touch no lock.
+    """
+
+    what = "object"
+    """What the log lines call the cached objects."""
 
     def __init__(
         self,
-        api: NamespaceApi,
+        api: ListWatchApi,
         *,
-        metrics: ServiceMetrics | None = None,
-        lookup_timeout: float = 2.0,
         watch_timeout: int = 300,
         backoff: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
-        self._metrics = metrics
-        self._lookup_timeout = lookup_timeout
         self._watch_timeout = watch_timeout
         self._backoff = backoff
         self._clock = clock
-        self._facts: dict[str, NamespaceFacts] = {}
+        self._items: dict[Any, Any] = {}
         self._resource_version = ""
         self._synced = threading.Event()
         self._stopping = threading.Event()
         self._last_heard: float | None = None
         self._last_error: str | None = None
         self._thread: threading.Thread | None = None
-        self._inflight: dict[str, asyncio.Future[NamespaceFacts]] = {}
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ns-get")
-        if metrics is not None:
-            metrics.namespace_cache_gauges(lambda: float(len(self._facts)), self.staleness_seconds)
+
+    def _entry(self, obj: Any) -> tuple[Any, Any] | None:
+        """(key, value) that ``obj`` is kept as; None to leave it out."""
+        raise NotImplementedError
+
+    def _relisted(self) -> None:
+        """Called after each full list (for metrics)."""
+
+    def _watch_failed(self) -> None:
+        """Called after each failed list or watch (for metrics)."""
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="namespace-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{self.what}-watch", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -274,12 +302,11 @@ class NamespaceCache:
         self._api.close()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
 
-    # ---------------------------------------------------------------- readers (event loop)
+    # ---------------------------------------------------------------- readers
 
     def ready(self) -> bool:
         return self._synced.is_set()
@@ -290,67 +317,20 @@ class NamespaceCache:
 
     def status(self) -> dict[str, Any]:
         return {
-            "mode": self.mode,
+            "mode": "watch",
             "ready": self.ready(),
             "synced": self._synced.is_set(),
-            "size": len(self._facts),
+            "size": len(self._items),
             "stalenessSeconds": round(self.staleness_seconds(), 3),
             "lastError": self._last_error,
         }
 
-    def cached(self, name: str) -> NamespaceFacts | None:
-        """What the cache holds for ``name`` (not counted in metrics)."""
-        return self._facts.get(name)
-
-    def cached_facts(self, name: str) -> NamespaceFacts | None:
-        return self._facts.get(name)
-
-    def count_hit(self) -> None:
-        self._count("hit")
-
-    async def facts(self, name: str) -> NamespaceFacts:
-        found = self._facts.get(name)
-        if found is not None:
-            self._count("hit")
-            return found
-        future = self._inflight.get(name)
-        if future is None:
-            # One GET per missing name, however many requests for it arrive meanwhile.
-            future = asyncio.get_running_loop().run_in_executor(self._executor, self._fetch, name)
-            self._inflight[name] = future
-            future.add_done_callback(lambda _: self._inflight.pop(name, None))
-        return await asyncio.shield(future)
-
-    def _fetch(self, name: str) -> NamespaceFacts:
-        try:
-            obj = self._api.get(name, self._lookup_timeout)
-        except Exception as exc:
-            self._count("failed")
-            raise NamespaceLookupFailed(f'namespace "{name}" could not be read: {one_line(exc)}') from None
-        if obj is None:
-            # NamespaceLifecycle rejects objects in absent namespaces before webhooks see them,
-            # so this is a race with a deletion; there is nothing to opt out with.
-            self._count("absent")
-            return NamespaceFacts(name)
-        facts = namespace_facts(obj)
-        if facts is None or facts.name != name:
-            self._count("failed")
-            raise NamespaceLookupFailed(f'namespace "{name}": the API server answered with something else')
-        self._count("fetched")
-        self._facts.setdefault(name, facts)
-        return facts
-
-    def _count(self, result: str) -> None:
-        if self._metrics is not None:
-            self._metrics.namespace_lookups.labels(result).inc()
-
     # ---------------------------------------------------------------- list + watch (thread)
 
     def _run(self) -> None:
-        # As client-go's reflector does: list once, then keep watching from the last
-        # resourceVersion. A transient error (a dropped keep-alive connection, an apiserver
-        # restart) resumes the watch after a backoff; only 410 Gone — the history we would resume
-        # from is compacted — or having no version yet costs a full re-list.
+        # A transient error (a dropped keep-alive connection, an apiserver restart) resumes the
+        # watch after a backoff; only 410 Gone — the history we would resume from is compacted —
+        # or having no version yet costs a full re-list.
         delay = self._backoff[0]
         need_list = True
         while not self._stopping.is_set():
@@ -362,17 +342,16 @@ class NamespaceCache:
                     self._watch_once()
                     delay = self._backoff[0]
             except ApiGone:
-                log.info("namespace watch expired (410 Gone); re-listing")
+                log.info(f"{self.what} watch expired (410 Gone); re-listing")
                 need_list = True
             except Exception as exc:
                 if self._stopping.is_set():
                     break
                 self._last_error = one_line(exc)
-                if self._metrics is not None:
-                    self._metrics.namespace_watch_errors.inc()
+                self._watch_failed()
                 wait = delay * random.uniform(0.8, 1.2)
                 log.warning(
-                    "namespace list/watch failed; retrying",
+                    f"{self.what} list/watch failed; retrying",
                     extra={"fields": {"error": self._last_error, "retryInSeconds": round(wait, 2)}},
                 )
                 self._stopping.wait(wait)
@@ -381,18 +360,17 @@ class NamespaceCache:
 
     def _relist(self) -> None:
         items, version = self._api.list()
-        fresh: dict[str, NamespaceFacts] = {}
+        fresh: dict[Any, Any] = {}
         for item in items:
-            facts = namespace_facts(item)
-            if facts is not None:
-                fresh[facts.name] = facts
-        self._facts = fresh
+            entry = self._entry(item)
+            if entry is not None:
+                fresh[entry[0]] = entry[1]
+        self._items = fresh
         self._resource_version = version
         self._heard()
-        if self._metrics is not None:
-            self._metrics.namespace_relists.inc()
+        self._relisted()
         if not self._synced.is_set():
-            log.info("namespace cache synced", extra={"fields": {"namespaces": len(fresh)}})
+            log.info(f"{self.what} cache synced", extra={"fields": {"count": len(fresh)}})
         self._synced.set()
 
     def _watch_once(self) -> None:
@@ -407,14 +385,12 @@ class NamespaceCache:
                 message = obj.get("message") if isinstance(obj, dict) else None
                 raise RuntimeError(f"watch error event: {code} {message}")
             version = _resource_version(obj)
-            if kind in ("ADDED", "MODIFIED"):
-                facts = namespace_facts(obj)
-                if facts is not None:
-                    self._facts[facts.name] = facts
-            elif kind == "DELETED":
-                facts = namespace_facts(obj)
-                if facts is not None:
-                    self._facts.pop(facts.name, None)
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                entry = self._entry(obj)
+                if entry is not None and kind == "DELETED":
+                    self._items.pop(entry[0], None)
+                elif entry is not None:
+                    self._items[entry[0]] = entry[1]
             if version is not None:
                 self._resource_version = version
             self._heard()
@@ -425,3 +401,94 @@ class NamespaceCache:
         self._last_heard = self._clock()
         self._last_error = None
 
+
+class NamespaceCache(WatchedCache):
+    """List + watch of Namespaces; ``facts()`` answers from memory, GETs on a miss."""
+
+    mode = "watch"
+    what = "namespace"
+
+    def __init__(
+        self,
+        api: NamespaceApi,
+        *,
+        metrics: ServiceMetrics | None = None,
+        lookup_timeout: float = 2.0,
+        watch_timeout: int = 300,
+        backoff: tuple[float, float] = (0.5, 30.0),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(api, watch_timeout=watch_timeout, backoff=backoff, clock=clock)
+        self._namespaces = api
+        self._metrics = metrics
+        self._lookup_timeout = lookup_timeout
+        self._inflight: dict[str, asyncio.Future[NamespaceFacts]] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ns-get")
+        if metrics is not None:
+            metrics.namespace_cache_gauges(lambda: float(len(self._items)), self.staleness_seconds)
+
+    def _entry(self, obj: Any) -> tuple[str, NamespaceFacts] | None:
+        facts = namespace_facts(obj)
+        return None if facts is None else (facts.name, facts)
+
+    def _relisted(self) -> None:
+        if self._metrics is not None:
+            self._metrics.namespace_relists.inc()
+
+    def _watch_failed(self) -> None:
+        if self._metrics is not None:
+            self._metrics.namespace_watch_errors.inc()
+
+    def stop(self) -> None:
+        super().stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ---------------------------------------------------------------- readers (event loop)
+
+    def cached(self, name: str) -> NamespaceFacts | None:
+        """What the cache holds for ``name`` (not counted in metrics)."""
+        found: NamespaceFacts | None = self._items.get(name)
+        return found
+
+    def cached_facts(self, name: str) -> NamespaceFacts | None:
+        found: NamespaceFacts | None = self._items.get(name)
+        return found
+
+    def count_hit(self) -> None:
+        self._count("hit")
+
+    async def facts(self, name: str) -> NamespaceFacts:
+        found: NamespaceFacts | None = self._items.get(name)
+        if found is not None:
+            self._count("hit")
+            return found
+        future = self._inflight.get(name)
+        if future is None:
+            # One GET per missing name, however many requests for it arrive meanwhile.
+            future = asyncio.get_running_loop().run_in_executor(self._executor, self._fetch, name)
+            self._inflight[name] = future
+            future.add_done_callback(lambda _: self._inflight.pop(name, None))
+        return await asyncio.shield(future)
+
+    def _fetch(self, name: str) -> NamespaceFacts:
+        try:
+            obj = self._namespaces.get(name, self._lookup_timeout)
+        except Exception as exc:
+            self._count("failed")
+            raise NamespaceLookupFailed(f'namespace "{name}" could not be read: {one_line(exc)}') from None
+        if obj is None:
+            # NamespaceLifecycle rejects objects in absent namespaces before webhooks see them,
+            # so this is a race with a deletion; there is nothing to opt out with.
+            self._count("absent")
+            return NamespaceFacts(name)
+        facts = namespace_facts(obj)
+        if facts is None or facts.name != name:
+            self._count("failed")
+            raise NamespaceLookupFailed(f'namespace "{name}": the API server answered with something else')
+        self._count("fetched")
+        self._items.setdefault(name, facts)
+        return facts
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.namespace_lookups.labels(result).inc()
