@@ -1,4 +1,5 @@
-"""A small local stand-in for the kube-apiserver's Namespace endpoints, for unit-level tests.
+"""A small local stand-in for the kube-apiserver's Namespace endpoints, and the list and watch of
+resource.k8s.io/v1 ResourceClaims and ResourceClaimTemplates (DRA), for unit-level tests.
 
 It speaks the wire protocol the kubernetes client uses — list with ``metadata.resourceVersion``,
 chunked watch streams of ``{"type", "object"}`` lines, bookmarks, ``ERROR`` events with a 410
@@ -20,12 +21,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+NAMESPACES = "/api/v1/namespaces"
+CLAIM_PATHS = {
+    "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",
+    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/resourceclaimtemplates",
+}
+
 
 @dataclass
 class _Event:
     version: int
     type: str
     obj: dict[str, Any]
+    path: str = NAMESPACES
 
 
 @dataclass
@@ -42,6 +50,12 @@ class FakeApiServer:
     get_delay: float = 0.0
     watch_gone_http: bool = False
     """Answer the next watch with HTTP 410 instead of an ERROR event."""
+    claims: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(
+        default_factory=lambda: {path: {} for path in CLAIM_PATHS.values()}
+    )
+    """Collection path → (namespace, name) → ResourceClaim or ResourceClaimTemplate."""
+    serves_dra: bool = True
+    """False: resource.k8s.io/v1 answers 404, as on a cluster without DRA."""
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -74,6 +88,27 @@ class FakeApiServer:
             self.events.append(_Event(self.version, kind, obj))
             self._cond.notify_all()
 
+    def put_claim(self, obj: dict[str, Any]) -> None:
+        """Create or replace a ResourceClaim or ResourceClaimTemplate (``metadata.namespace`` set)."""
+        with self._cond:
+            self.version += 1
+            path = CLAIM_PATHS[obj["kind"]]
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            kind = "MODIFIED" if key in self.claims[path] else "ADDED"
+            stored = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+            self.claims[path][key] = stored
+            self.events.append(_Event(self.version, kind, stored, path))
+            self._cond.notify_all()
+
+    def delete_claim(self, kind: str, namespace: str, name: str) -> None:
+        with self._cond:
+            self.version += 1
+            path = CLAIM_PATHS[kind]
+            obj = self.claims[path].pop((namespace, name))
+            obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+            self.events.append(_Event(self.version, "DELETED", obj, path))
+            self._cond.notify_all()
+
     def delete(self, name: str) -> None:
         with self._cond:
             self.version += 1
@@ -96,7 +131,7 @@ class FakeApiServer:
 
     def count(self, call: str) -> int:
         with self._cond:
-            return self.calls[call]
+            return self.calls.get(call, 0)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -146,21 +181,26 @@ class FakeApiServer:
                 return True
             return False
 
-    def _list_body(self) -> bytes:
+    def _list_body(self, path: str = NAMESPACES) -> bytes:
         with self._cond:
-            self.calls["list"] += 1
+            key = "list" if path == NAMESPACES else f"list {path}"
+            self.calls[key] = self.calls.get(key, 0) + 1
+            items = list(self.namespaces.values()) if path == NAMESPACES else list(self.claims[path].values())
             return json.dumps(
                 {
                     "apiVersion": "v1",
-                    "kind": "NamespaceList",
+                    "kind": "List",
                     "metadata": {"resourceVersion": str(self.version)},
-                    "items": list(self.namespaces.values()),
+                    "items": items,
                 }
             ).encode()
 
-    def _watch(self, handler: BaseHTTPRequestHandler, since: int, timeout: float) -> None:
+    def _watch(
+        self, handler: BaseHTTPRequestHandler, since: int, timeout: float, path: str = NAMESPACES
+    ) -> None:
         with self._cond:
-            self.calls["watch"] += 1
+            key = "watch" if path == NAMESPACES else f"watch {path}"
+            self.calls[key] = self.calls.get(key, 0) + 1
             gone_http, self.watch_gone_http = self.watch_gone_http, False
         if gone_http:
             _send_status(handler, 410, "Expired", "too old resource version")
@@ -189,9 +229,13 @@ class FakeApiServer:
                     elif self.hold_events:
                         pending = []
                     else:
-                        pending = [{"type": e.type, "object": e.obj} for e in self.events if e.version > sent]
-                        if pending:
-                            sent = self.events[-1].version
+                        pending = [
+                            {"type": e.type, "object": e.obj}
+                            for e in self.events
+                            if e.version > sent and e.path == path
+                        ]
+                        if self.events:
+                            sent = max(sent, self.events[-1].version)
                     if not pending:
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
@@ -250,14 +294,17 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if api._take_failure():
                 _send_status(self, 500, "InternalError", "injected failure")
                 return
-            if url.path == "/api/v1/namespaces":
+            if url.path in CLAIM_PATHS.values() and not api.serves_dra:
+                _send_status(self, 404, "NotFound", "the server could not find the requested resource")
+                return
+            if url.path == NAMESPACES or url.path in CLAIM_PATHS.values():
                 if query.get("watch") in ("true", "1", "True"):
                     since = int(query.get("resourceVersion") or 0)
                     timeout = float(query.get("timeoutSeconds") or 30)
-                    api._watch(self, since, timeout)
+                    api._watch(self, since, timeout, url.path)
                     self.close_connection = True
                 else:
-                    _send_json(self, 200, api._list_body())
+                    _send_json(self, 200, api._list_body(url.path))
                 return
             prefix = "/api/v1/namespaces/"
             if url.path.startswith(prefix) and "/" not in url.path[len(prefix) :]:

@@ -21,6 +21,7 @@ from typing import Any
 from ix_gpu.devicemodel.text import one_line
 from ix_gpu.devicemodel.webhook_config import NamespaceLookupFailure
 from ix_gpu.runtime.json_logging import info_line
+from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied
 from ix_gpu.webhook.core.mutation import mutate
@@ -78,9 +79,13 @@ class AdmissionHandler:
         namespaces: NamespaceSource,
         metrics: ServiceMetrics,
         limits: Limits | None = None,
+        claims: ClaimFacts = UNKNOWN_CLAIMS,
     ) -> None:
         self._config = config
         self._namespaces = namespaces
+        self._claims = claims
+        """DRA claims' device classes: read from memory like cached namespace facts (no lock, so
+        a forked child may read them too)."""
         self._metrics = metrics
         self._limits = limits or Limits()
         self._heavy: HeavyLane | None = None  # made on first use: it needs the running loop
@@ -188,19 +193,19 @@ class AdmissionHandler:
         obj, operation, namespace = review.obj, review.operation, review.namespace
         if operation != "CREATE" or obj is None or not self._is_workload(obj, config):
             # Not ours to mutate: the core says why without needing the namespace.
-            return mutate(obj, operation, NamespaceFacts.unknown(namespace), config), False
+            return mutate(obj, operation, NamespaceFacts.unknown(namespace), config, self._claims), False
         if not namespace or config.namespace_excluded(namespace):
-            return mutate(obj, operation, NamespaceFacts(namespace), config), False
+            return mutate(obj, operation, NamespaceFacts(namespace), config, self._claims), False
         if isinstance(known, LookupFailed):
             return self._lookup_failed(config, known.reason), False
         if known is not None:
-            return mutate(obj, operation, known, config), False
+            return mutate(obj, operation, known, config, self._claims), False
         facts = self._namespaces.cached_facts(namespace)
         if facts is not None:
-            return mutate(obj, operation, facts, config), True
+            return mutate(obj, operation, facts, config, self._claims), True
         # Not in memory. Known facts can only add reasons to skip or to hold back host access, so
         # a skip computed without them stands, and most objects (no GPU) never cost a lookup.
-        provisional = mutate(obj, operation, NamespaceFacts.unknown(namespace), config)
+        provisional = mutate(obj, operation, NamespaceFacts.unknown(namespace), config, self._claims)
         if provisional.decision is Decision.SKIPPED:
             return provisional, False
         return namespace

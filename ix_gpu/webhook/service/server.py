@@ -30,10 +30,12 @@ from ix_gpu.devicemodel.text import one_line
 from ix_gpu.devicemodel.webhook_config import WebhookConfig, default_config
 from ix_gpu.runtime.guarded_http import Answer, HttpLimits, Route, start_guarded_http
 from ix_gpu.runtime.kube import in_cluster
+from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
 from ix_gpu.webhook.service.app import HEALTHZ_BODY, JSON, Readiness, readyz_answer
 from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
+from ix_gpu.webhook.service.claim_cache import ClaimCache, kubernetes_claim_cache
 from ix_gpu.webhook.service.draining import Drain, DrainingServer
 from ix_gpu.webhook.service.hot_reload import (
     CertReloader,
@@ -50,10 +52,11 @@ from ix_gpu.webhook.service.limits import (
 )
 from ix_gpu.webhook.service.metrics import ServiceMetrics
 from ix_gpu.webhook.service.namespace_cache import (
+    KubernetesNamespaceApi,
     NamespaceCache,
     NamespaceSource,
     UnknownNamespaces,
-    kubernetes_api,
+    api_client,
 )
 from ix_gpu.webhook.service.tls_context import server_context
 
@@ -91,6 +94,8 @@ class Service:
     sock: socket.socket
     live_config: LiveConfig
     namespaces: NamespaceSource
+    claims: ClaimCache | None
+    """DRA claims' device classes (None without cluster access: every claim unknown)."""
     metrics: ServiceMetrics
     drain: Drain
     readiness: Readiness
@@ -162,25 +167,32 @@ def _load_config(path: str | None) -> tuple[LiveConfig, bytes | None]:
     return LiveConfig(compiled, Path(path)), content
 
 
-def _namespace_source(options: ServiceOptions, metrics: ServiceMetrics) -> NamespaceSource:
+def _cluster_sources(
+    options: ServiceOptions, metrics: ServiceMetrics
+) -> tuple[NamespaceSource, ClaimCache | None]:
+    """Namespace facts and DRA claim facts: watch-backed caches, or unknown without a cluster."""
     kubeconfig = options.kubeconfig
     if kubeconfig is None and not in_cluster():
         log.warning(
             "no --kubeconfig and not running in a cluster: namespace facts are unknown, so namespace "
-            "opt-outs (ix-gpu.io/inject=disabled on a Namespace) and Pod Security levels are not seen",
+            "opt-outs (ix-gpu.io/inject=disabled on a Namespace) and Pod Security levels are not seen; "
+            "DRA claims are unknown (policy.claimLookupFailure)",
         )
-        return UnknownNamespaces()
+        return UnknownNamespaces(), None
     try:
-        api = kubernetes_api(kubeconfig)
+        client = api_client(kubeconfig)
     except Exception as exc:  # the client raises ConfigException, OSError, ValueError, yaml errors...
         where = kubeconfig if kubeconfig is not None else "in-cluster service account"
         reason = one_line(exc)
         raise StartupError(f"cannot use {where} to reach the API server: {reason}") from None
     log.info(
-        "namespace facts from a watch-backed cache",
+        "namespace facts and DRA claims from watch-backed caches",
         extra={"fields": {"kubeconfig": kubeconfig or "in-cluster"}},
     )
-    return NamespaceCache(api, metrics=metrics, lookup_timeout=options.namespace_lookup_timeout)
+    namespaces = NamespaceCache(
+        KubernetesNamespaceApi(client), metrics=metrics, lookup_timeout=options.namespace_lookup_timeout
+    )
+    return namespaces, kubernetes_claim_cache(client)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -211,8 +223,9 @@ def prepare(options: ServiceOptions) -> Service:
     if config_content is not None:
         pollers.append(ConfigReloader(live, metrics, config_content).poll)
 
-    namespaces = _namespace_source(options, metrics)
-    handler = AdmissionHandler(live, namespaces, metrics, options.limits)
+    namespaces, claims = _cluster_sources(options, metrics)
+    claim_facts: ClaimFacts = claims if claims is not None else UNKNOWN_CLAIMS
+    handler = AdmissionHandler(live, namespaces, metrics, options.limits, claim_facts)
     drain = Drain(options.shutdown_delay)
 
     def readiness() -> tuple[bool, dict[str, Any]]:
@@ -220,6 +233,8 @@ def prepare(options: ServiceOptions) -> Service:
             "config": live.status(),
             "certs": cert_reloader.status(),
             "namespaces": namespaces.status(),
+            # Not a condition of readiness: a cluster without DRA never syncs these.
+            "claims": claims.status() if claims is not None else {"mode": "unknown"},
             "draining": drain.active,
         }
         return namespaces.ready() and not drain.active, details
@@ -235,7 +250,7 @@ def prepare(options: ServiceOptions) -> Service:
     sock = _bind(options.host, options.port)
     probe_sock = None if options.probe_port is None else _bind(options.host, options.probe_port)
     return Service(
-        options, app, context, sock, live, namespaces, metrics, drain, readiness, pollers, probe_sock
+        options, app, context, sock, live, namespaces, claims, metrics, drain, readiness, pollers, probe_sock
     )
 
 
@@ -274,6 +289,8 @@ async def serve(service: Service) -> None:
         )
     frozen = freeze_startup_heap()
     service.namespaces.start()
+    if service.claims is not None:
+        service.claims.start()
     reloads = asyncio.create_task(poll_forever(service.options.reload_interval, service.pollers))
     trims = asyncio.create_task(FREED_MEMORY.run())
     log.info(
@@ -295,6 +312,8 @@ async def serve(service: Service) -> None:
         reloads.cancel()
         trims.cancel()
         service.namespaces.stop()
+        if service.claims is not None:
+            service.claims.stop()
         if probes is not None:
             probes.close()
 

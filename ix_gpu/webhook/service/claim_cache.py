@@ -1,0 +1,94 @@
+"""Claim facts for the mutation core: what the cluster's ResourceClaims and ResourceClaimTemplates
+request, from two watch-backed caches (resource.k8s.io/v1), or nothing without a cluster.
+
+Why a watch and no GET on a miss: the webhook is on the path of every Pod create, and a DRA pod
+names its claim template a moment after creating it, so a GET per review would be a request per
+DRA pod to the API server. A claim the caches do not hold (not synced yet, or not there) is
+unknown, and ``policy.claimLookupFailure`` decides in the core. Only each request's name and
+device class is kept: a claim's selectors and status can be kilobytes.
+
+Neither cache gates readiness: on a cluster without resource.k8s.io/v1 (before 1.34, or DRA off)
+the lists fail, the caches keep retrying with backoff, and limits-based GPU pods are served as
+before; ``/readyz`` details say so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ix_gpu.webhook.core.claims import (
+    RESOURCE_CLAIM,
+    RESOURCE_CLAIM_TEMPLATE,
+    DeviceRequests,
+    claim_key,
+    device_requests,
+)
+from ix_gpu.webhook.service.namespace_cache import KubernetesListWatch, ListWatchApi, WatchedCache
+
+
+class _ClaimKindCache(WatchedCache):
+    """One kind's (namespace, name) → device requests."""
+
+    def __init__(self, kind: str, api: ListWatchApi, **options: Any) -> None:
+        super().__init__(api, **options)
+        self.kind = kind
+        self.what = kind
+
+    def _entry(self, obj: Any) -> tuple[tuple[str, str], DeviceRequests] | None:
+        if isinstance(obj, dict) and "kind" not in obj:
+            obj = {**obj, "kind": self.kind}  # watch events and list items may omit it
+        key = claim_key(obj)
+        if key is None or key[1] is None:
+            return None
+        return (key[1], key[2]), device_requests(obj)
+
+    def requests(self, namespace: str, name: str) -> DeviceRequests | None:
+        found: DeviceRequests | None = self._items.get((namespace, name))
+        return found
+
+
+class ClaimCache:
+    """ResourceClaims and ResourceClaimTemplates, cluster-wide, kept as their device requests."""
+
+    mode = "watch"
+
+    def __init__(self, claims: ListWatchApi, templates: ListWatchApi, **options: Any) -> None:
+        self._kinds = {
+            RESOURCE_CLAIM: _ClaimKindCache(RESOURCE_CLAIM, claims, **options),
+            RESOURCE_CLAIM_TEMPLATE: _ClaimKindCache(RESOURCE_CLAIM_TEMPLATE, templates, **options),
+        }
+
+    def device_requests(self, kind: str, namespace: str, name: str) -> DeviceRequests | None:
+        cache = self._kinds.get(kind)
+        if cache is None or not cache.ready():
+            return None
+        return cache.requests(namespace, name)
+
+    def start(self) -> None:
+        for cache in self._kinds.values():
+            cache.start()
+
+    def stop(self) -> None:
+        for cache in self._kinds.values():
+            cache.stop()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return all(cache.wait_synced(timeout) for cache in self._kinds.values())
+
+    def status(self) -> dict[str, Any]:
+        return {kind: cache.status() for kind, cache in self._kinds.items()}
+
+
+def kubernetes_claim_cache(client: Any, **options: Any) -> ClaimCache:
+    """Both caches through the kubernetes client's resource.k8s.io/v1 API (``client``: an ApiClient)."""
+    from kubernetes import client as k8s
+
+    # Typed as Any: with _preload_content=False the client returns raw responses (see namespace_cache).
+    resource: Any = k8s.ResourceV1Api(client)
+    return ClaimCache(
+        KubernetesListWatch(resource.list_resource_claim_for_all_namespaces, "resourceclaim"),
+        KubernetesListWatch(
+            resource.list_resource_claim_template_for_all_namespaces, "resourceclaimtemplate"
+        ),
+        **options,
+    )

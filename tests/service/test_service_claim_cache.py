@@ -1,0 +1,180 @@
+"""DRA claims in the service: the claim caches against the apiserver stand-in (list, watch,
+deletion, a cluster without resource.k8s.io/v1), and the webhook over HTTPS injecting a DRA pod
+whose template it learned from the watch, with ``policy.claimLookupFailure`` for one it did not.
+
+The caches are built as the service builds them (``kubernetes_claim_cache(api_client(...))``), so
+the kubernetes client's resource.k8s.io/v1 URLs and watch streams are exercised. The real-cluster
+tier points the same code at a real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ix_gpu.webhook.core.claims import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE
+from ix_gpu.webhook.service.claim_cache import ClaimCache, kubernetes_claim_cache
+from ix_gpu.webhook.service.namespace_cache import api_client
+from tests.service.conftest import FAST
+from tests.service.fake_apiserver import CLAIM_PATHS, FakeApiServer
+from tests.support.objects import (
+    DRA_CLASS,
+    apply_response,
+    claim_template,
+    container,
+    device_request,
+    pod,
+    pod_claim,
+    resource_claim,
+    review,
+)
+from tests.support.waiting import wait_until
+from tests.support.webhook_process import WebhookProcess
+
+GPU = (("gpu", DRA_CLASS),)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    server.put("team-a")
+    server.put_claim(claim_template("gpu", namespace="team-a"))
+    server.put_claim(resource_claim("shared", namespace="team-a"))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _cache(api: FakeApiServer, tmp_path: Path) -> ClaimCache:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    return kubernetes_claim_cache(api_client(str(kubeconfig)), watch_timeout=2, backoff=(0.05, 0.2))
+
+
+@pytest.fixture
+def cache(api: FakeApiServer, tmp_path: Path) -> Iterator[ClaimCache]:
+    claims = _cache(api, tmp_path)
+    claims.start()
+    assert claims.wait_synced(10)
+    yield claims
+    claims.stop()
+
+
+def test_the_initial_lists_fill_the_caches(cache: ClaimCache, api: FakeApiServer) -> None:
+    assert cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "gpu") == GPU
+    assert cache.device_requests(RESOURCE_CLAIM, "team-a", "shared") == GPU
+    # Kinds, namespaces and names are told apart; what is not held is unknown.
+    assert cache.device_requests(RESOURCE_CLAIM, "team-a", "gpu") is None
+    assert cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-b", "gpu") is None
+    assert api.count(f"list {CLAIM_PATHS[RESOURCE_CLAIM]}") == 1
+    assert api.count(f"list {CLAIM_PATHS[RESOURCE_CLAIM_TEMPLATE]}") == 1
+    assert api.count("list") == 0  # no namespace traffic from the claim caches
+
+
+def test_the_watch_adds_changes_and_deletes(cache: ClaimCache, api: FakeApiServer) -> None:
+    api.put_claim(claim_template("nic", [device_request("nic", "nic.example.com")], namespace="team-a"))
+    wait_until(
+        lambda: cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "nic") is not None, "added", 5
+    )
+    assert cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "nic") == (("nic", "nic.example.com"),)
+    api.put_claim(claim_template("nic", namespace="team-a"))
+    wait_until(lambda: cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "nic") == GPU, "changed", 5)
+    api.delete_claim(RESOURCE_CLAIM, "team-a", "shared")
+    wait_until(lambda: cache.device_requests(RESOURCE_CLAIM, "team-a", "shared") is None, "deleted", 5)
+    assert cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "gpu") == GPU
+
+
+def test_after_compaction_the_caches_relist(cache: ClaimCache, api: FakeApiServer) -> None:
+    api.compact()
+    api.put_claim(claim_template("later", namespace="team-a"))
+    wait_until(
+        lambda: cache.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "later") == GPU, "relisted", 10
+    )
+
+
+def test_before_the_caches_sync_every_claim_is_unknown(api: FakeApiServer, tmp_path: Path) -> None:
+    claims = _cache(api, tmp_path)  # not started
+    assert claims.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "gpu") is None
+    assert claims.status()[RESOURCE_CLAIM]["synced"] is False
+
+
+def test_a_cluster_without_dra_leaves_every_claim_unknown(api: FakeApiServer, tmp_path: Path) -> None:
+    api.serves_dra = False
+    claims = _cache(api, tmp_path)
+    claims.start()
+    try:
+        wait_until(lambda: claims.status()[RESOURCE_CLAIM]["lastError"] is not None, "failed list", 5)
+        assert "404" in claims.status()[RESOURCE_CLAIM]["lastError"]
+        assert claims.device_requests(RESOURCE_CLAIM_TEMPLATE, "team-a", "gpu") is None
+    finally:
+        claims.stop()
+
+
+# --------------------------------------------------------------------------- the service over HTTPS
+
+
+def _dra_pod(template: str) -> dict[str, Any]:
+    return pod(
+        containers=[container("main", claims=["gpu"]), container("side")],
+        resource_claims=[pod_claim("gpu", template=template)],
+        namespace="team-a",
+    )
+
+
+def test_the_webhook_injects_a_dra_pod_whose_template_it_watched(
+    api: FakeApiServer, tmp_path: Path, cert_dir: Path
+) -> None:
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    with WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=FAST).start(ready=True) as webhook:
+        with webhook.client() as client:
+            wait_until(
+                lambda: client.get("/readyz").json()["claims"][RESOURCE_CLAIM_TEMPLATE]["synced"],
+                "claims",
+                10,
+            )
+        obj = _dra_pod("gpu")
+        injected = webhook.post_review(review(obj, namespace="team-a"))["response"]
+        assert injected["auditAnnotations"]["decision"] == "mutated", injected
+        mutated = apply_response(obj, injected)
+        assert mutated["spec"]["containers"][0]["env"] == [
+            {"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}
+        ]
+        assert mutated["spec"]["containers"][1] == obj["spec"]["containers"][1]  # type: ignore[index]
+
+        # Created after the webhook started: learned from the watch, no request per review.
+        api.put_claim(claim_template("fresh", namespace="team-a"))
+        gets = api.count("get")
+        wait_until(
+            lambda: (
+                webhook.post_review(review(_dra_pod("fresh"), namespace="team-a"))["response"][
+                    "auditAnnotations"
+                ]["decision"]
+                == "mutated"
+            ),
+            "learned",
+            5,
+        )
+        assert api.count("get") == gets
+
+        unknown = webhook.post_review(review(_dra_pod("never"), namespace="team-a"))["response"]
+        assert unknown["allowed"] is True and "patch" not in unknown
+        assert any("policy.claimLookupFailure" in w for w in unknown["warnings"])
+
+
+def test_an_unknown_claim_is_denied_under_deny(api: FakeApiServer, tmp_path: Path, cert_dir: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\npolicy:\n  claimLookupFailure: deny\n"
+    )
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    api.serves_dra = False  # the caches never sync: every claim is unknown
+    with WebhookProcess(tmp_path, cert_dir, config=config, kubeconfig=kubeconfig, extra=FAST).start(
+        ready=True  # readiness does not wait for the claim caches
+    ) as webhook:
+        denied = webhook.post_review(review(_dra_pod("gpu"), namespace="team-a"))["response"]
+        assert denied["allowed"] is False
+        assert "policy.claimLookupFailure is deny" in denied["status"]["message"]
+        plain = webhook.post_review(review(pod(namespace="team-a"), namespace="team-a"))["response"]
+        assert plain["auditAnnotations"]["decision"] == "mutated"  # limits-based pods as before
