@@ -61,7 +61,8 @@ class ByteBudget:
 
     def release(self, size: int) -> None:
         self.used -= size
-        FREED_MEMORY.note()
+        if size >= TRIM_AFTER_BYTES:
+            FREED_MEMORY.note()
 
 
 class OverBudget(Exception):
@@ -241,17 +242,33 @@ _GLIBC = _glibc()
 _M_MMAP_THRESHOLD = -3
 
 
-def fix_malloc_mmap_threshold(size: int = 128 << 10) -> None:
-    """Serve every allocation over ``size`` with its own mmap, returned to the OS when freed.
+MMAP_THRESHOLD = 384 << 10
+"""Allocations of at least this size get their own mmap (see :func:`fix_malloc_mmap_threshold`).
 
-    glibc starts with that rule but raises the threshold each time a mapped block is freed, up to
-    32 MiB; after the first 3 MiB request body is freed, bodies and TLS reads of a burst come from
-    the heap, which fragments and stays resident (measured: RSS 190-225 MiB after 300 clients sent
-    3 MiB each, against 62 MiB before). Setting the threshold once turns the adjustment off.
-    The price, measured under wrk at 2,500 req/s: one mmap/munmap pair per ten requests; with a
-    1 MiB threshold instead the same burst peaked at 199-213 MiB rather than 151-167 MiB."""
+Above 256 KiB on purpose: uvloop's TLS transport reads every record batch with
+``SSLObject.read(256 KiB)``, which allocates 256 KiB, shrinks it to what was read and frees it. With
+the threshold below that (it was 128 KiB), every request paid an mmap, an mremap and a munmap
+(strace: 1.0-2.0 of each per request), and a page fault per touched page of a fresh mapping:
+CPU per request was 1.3-1.8x the previous main's under 64 connections. At 384 KiB none of these
+happen per request, and request bodies near the 3 MiB cap (and their joins) are still mapped."""
+
+
+def fix_malloc_mmap_threshold(size: int = MMAP_THRESHOLD) -> None:
+    """Serve every allocation of ``size`` or more with its own mmap, returned to the OS when freed.
+
+    glibc starts with a 128 KiB rule but raises the threshold each time a mapped block is freed, up
+    to 32 MiB; after the first 3 MiB request body is freed, bodies and TLS reads of a burst come
+    from the heap, which fragments and stays resident (measured: RSS 190-225 MiB after 300 clients
+    sent 3 MiB each, against 62 MiB before). Setting the threshold once turns the adjustment off.
+    What is under it and freed after a burst goes back by :class:`FreedMemory`."""
     if _GLIBC is not None:
         _GLIBC.mallopt(_M_MMAP_THRESHOLD, size)
+
+
+TRIM_AFTER_BYTES = 64 << 10
+"""Releasing a body of this size or more asks for a trim: smaller ones (every ordinary review)
+leave nothing a trim would give back, and trimming under steady load only makes the heap fault
+its pages in again."""
 
 
 class FreedMemory:
@@ -260,7 +277,8 @@ class FreedMemory:
     glibc keeps freed heap pages for reuse, so without this RSS stays at the high-water mark of
     the largest burst (measured: 148 MiB 30 s after 300 clients had sent 3 MiB each, against
     62 MiB before). ``malloc_trim`` walks the heap (about a millisecond), so it runs at most once
-    per ``interval``, and only when bodies or connections were released since the last time."""
+    per ``interval``, and only when large bodies (:data:`TRIM_AFTER_BYTES`) or connections were
+    released since the last time."""
 
     def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval
