@@ -67,7 +67,7 @@ TIER_CIDR = "198.51.100.0/24"
 FILTER_CHAIN = "IX-GPU-TIER"
 KUBE_PROXY_PORTS = (10249, 10256)
 MISC_DEVICES = ((10, 237), (10, 234), (10, 235), (10, 183))
-"""Stand-ins for /dev/iluvatarN, in order: loop-control, btrfs-control, autofs, hwrng. Each opens
+"""Stand-ins for /dev/iluvatarN, in order: loop-control, btrfs-control, autofs, hwrng. Each opens for reading
 without side effects, and none is on runc's default allow-list (null, zero, full, random, urandom,
 tty, console, ptmx, pts, tun), so only a container given the device can open it."""
 CONTROL_DEVICE = (1, 11)
@@ -168,6 +168,30 @@ def teardown_host_network(nodes: Sequence[RealNodeSpec]) -> None:
             pass
     _quiet(["iptables", "-w", "-F", FILTER_CHAIN])
     _quiet(["iptables", "-w", "-X", FILTER_CHAIN])
+
+
+def kube_chains() -> list[tuple[str, str, str]]:
+    """(command, table, line) of every rule or chain named KUBE-* in the host's iptables and
+    ip6tables."""
+    found = []
+    for command in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = subprocess.run([command, "-w", "-t", table, "-S"], capture_output=True, text=True).stdout
+            found += [(command, table, line) for line in rules.splitlines() if "KUBE-" in line]
+    return found
+
+
+def remove_kube_chains() -> None:
+    """Remove what ``kube-proxy --cleanup`` leaves on the host: KUBE-FIREWALL, which it shares with
+    the kubelet and so never deletes, with the jumps to it."""
+    rules = kube_chains()
+    for command, table, line in rules:
+        if line.startswith("-A "):
+            _quiet([command, "-w", "-t", table, "-D", *line.split()[1:]])
+    for command, table, line in rules:
+        if line.startswith("-N "):
+            _quiet([command, "-w", "-t", table, "-F", line.split()[1]])
+            _quiet([command, "-w", "-t", table, "-X", line.split()[1]])
 
 
 def setup_node_network(spec: RealNodeSpec) -> None:
@@ -640,12 +664,9 @@ def leftovers(nodes: Sequence[RealNodeSpec] = REAL_NODES) -> list[str]:
                 found.append(f"cgroup {hierarchy / spec.netns}")
     if Path(f"/sys/class/net/{HOST_BRIDGE}").exists():
         found.append(f"bridge {HOST_BRIDGE}")
-    for table in ("filter", "nat"):
-        rules = run(["iptables", "-w", "-t", table, "-S"], check=False)
-        for line in rules.splitlines():
-            if "KUBE-" in line or FILTER_CHAIN in line:
-                found.append(f"iptables -t {table}: {line}")
-                break
+    found += [f"{command} -t {table}: {line}" for command, table, line in kube_chains()]
+    rules = run(["iptables", "-w", "-S"], check=False)
+    found += [f"iptables: {line}" for line in rules.splitlines() if FILTER_CHAIN in line]
     for line in Path("/proc/self/mounts").read_text().splitlines():
         if str(TIER_ROOT) in line or "ix-gpu-dev" in line:
             found.append(f"mount {line}")
@@ -783,5 +804,6 @@ def cleanup(specs: Sequence[RealNodeSpec] = REAL_NODES, kube_proxy: Path | None 
     kill_all(processes_matching(f"--config={TIER_ROOT}/kube-proxy-"))
     if kube_proxy is not None and kube_proxy.exists():
         _quiet([str(kube_proxy), "--cleanup"])  # its chains in the host's iptables
+    remove_kube_chains()
     teardown_host_network(specs)
     shutil.rmtree(TIER_ROOT, ignore_errors=True)
