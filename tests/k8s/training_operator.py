@@ -6,8 +6,9 @@ scratch image (``build-images.sh``). What it needs in the cluster is written her
 ``main.go`` and cert rotator do, not taken from its manifests:
 
 - namespace ``kubeflow`` (``MY_POD_NAMESPACE``): its Secret ``training-operator-webhook-cert``,
-  which the rotator fills with a CA and serving certificate, and Service ``training-operator``
-  (443 -> 9443), the DNS name in that certificate;
+  which the rotator fills with a CA and serving certificate and which the pod mounts at
+  ``CERT_DIR`` (the rotator is ready only once the mounted files match), and Service
+  ``training-operator`` (443 -> 9443), the DNS name in that certificate;
 - the ValidatingWebhookConfiguration ``validator.training-operator.kubeflow.org`` whose caBundle the
   rotator keeps, pointing TFJob creates and updates at ``/validate-kubeflow-org-v1-tfjob``;
 - RBAC for TFJobs and what a job owns (pods, services, events), and the two objects above.
@@ -27,6 +28,8 @@ NAMESPACE = "kubeflow"
 NAME = "training-operator"
 WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
 DEPLOYMENT = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{NAME}"
+CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
+"""Where the operator's webhook server reads its certificate (fixed in its cert package)."""
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -64,7 +67,10 @@ def manifests(image: str) -> list[tuple[str, dict[str, Any]]]:
         "ports": [{"containerPort": 9443, "name": "webhook"}, {"containerPort": 8081, "name": "probes"}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8081}, "periodSeconds": 2},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8081}, "periodSeconds": 10},
-        "securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": False},
+        "securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True},
+        # The cert rotator writes its certificates into the Secret and waits until the kubelet has
+        # mounted that Secret where the webhook server reads them: only then is it ready.
+        "volumeMounts": [{"name": "cert", "mountPath": CERT_DIR, "readOnly": True}],
         "resources": {"limits": {"memory": "256Mi"}},
     }
     deployment = {
@@ -79,6 +85,7 @@ def manifests(image: str) -> list[tuple[str, dict[str, Any]]]:
                 "spec": {
                     "serviceAccountName": NAME,
                     "containers": [container],
+                    "volumes": [{"name": "cert", "secret": {"secretName": f"{NAME}-webhook-cert"}}],
                     "terminationGracePeriodSeconds": 5,
                 },
             },
@@ -143,6 +150,14 @@ def install(api: KubeAPI, image: str, timeout_s: float = 180) -> None:
 
     def details() -> str:
         status, pods = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
-        return str([p.get("status") for p in pods.get("items", [])])[-3000:] if status == 200 else str(pods)
+        if status != 200:
+            return str(pods)
+        out = []
+        for pod in pods.get("items", []):
+            log = api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}/log")[1]
+            out.append(
+                f"{pod['metadata']['name']}: {pod.get('status', {}).get('phase')}; log: {str(log)[-2500:]}"
+            )
+        return "\n".join(out)
 
     wait_until(available, "the training operator available", timeout_s, interval=1, details=details)
