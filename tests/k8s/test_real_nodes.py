@@ -363,7 +363,8 @@ def test_privileged_only_in_the_allowlisted_namespace(release: Release) -> None:
         status, created = api.request("POST", f"/api/v1/namespaces/{namespace}/pods?dryRun=All", pod)
         assert status == 201, created
         results[namespace] = created["spec"]["containers"][0].get("securityContext", {}).get("privileged")
-        request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
+        if namespace != "ml-team":  # the TFJob test below runs there
+            request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
     assert list(results.values()) == [True, None], results
 
 
