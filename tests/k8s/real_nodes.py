@@ -8,7 +8,9 @@ Layout on this machine (root; one real-node cluster at a time, the addresses are
   advertises this address). Each node is a network namespace ``ixt-<node>`` with a veth on that
   bridge (``gpu-a`` 198.51.100.2, ``gpu-b`` .3), its own CNI bridge and pod range (``gpu-a``
   198.51.100.64/26, ``gpu-b`` .128/26; the host routes each range to its node), its own iptables,
-  and its own kube-proxy. Services get 203.0.113.0/24 (TEST-NET-3). The control plane runs on the
+  and its own kube-proxy. Services get 198.51.100.192/26 (not TEST-NET-3: this machine's package
+  registries resolve to an address there, which a ClusterIP must never shadow on the host's
+  kube-proxy, nor the filter chain below reject). The control plane runs on the
   host, so the host runs a kube-proxy too, as a control-plane node would: the apiserver reaches a
   webhook at its Service's ClusterIP. Chain ``IX-GPU-TIER`` in the host's filter table rejects
   Service and pod traffic that would otherwise leave the machine (before kube-proxy has synced, or
@@ -61,7 +63,7 @@ the chart's ``plugin.driver.root`` and of the Iluvatar profile's driver hostPath
 HOST_BRIDGE = "ixt-br0"
 HOST_ADDRESS = "198.51.100.1"
 NODE_PREFIX_LEN = 28
-SERVICE_CIDR = "203.0.113.0/24"
+SERVICE_CIDR = "198.51.100.192/26"
 CLUSTER_CIDR = "198.51.100.64/25"
 TIER_CIDR = "198.51.100.0/24"
 FILTER_CHAIN = "IX-GPU-TIER"
