@@ -1,4 +1,4 @@
-"""Device-plugin benchmark: the issue's figures, measured against the real ``ix-gpu plugin`` process.
+"""Device-plugin benchmark: start-up, health, restart, Allocate and memory figures of the real ``ix-gpu plugin`` process.
 
     .venv/bin/python bench/plugin_bench.py [--boards 16] [--allocates 100000] [--json]
 
@@ -6,7 +6,7 @@ A minimal kubelet lives in this script (Registration server on kubelet.sock, dia
 recorder), so the plugin is measured exactly as it runs in a cluster: its own process, real unix
 sockets, the fake backend at 16 boards x 2 chips and a 0.5 s health interval.
 
-Figures (targets from the issues): RSS at rest after start and after N Allocates (<= 32 MiB, no
+Figures (with the bound each is held to): RSS at rest after start and after N Allocates (<= 32 MiB, no
 growth), and the peak (VmHWM); start → registered (<= 1 s); health flip → ListAndWatch update
 (<= 1 s); kubelet restart → registered again (<= 2 s); Allocate p50/p99 as the kubelet sees it
 (p99 <= 2 ms) and in the handler alone; the plugin process's CPU time per Allocate, which the

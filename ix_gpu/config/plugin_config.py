@@ -8,7 +8,7 @@ Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key
       timeSlicing:
         replicas: 4
 
-That document must load unchanged, so the seed's keys keep their spelling (``splitboard`` is one
+That document must load unchanged, so the Iluvatar device plugin's keys keep their spelling (``splitboard`` is one
 lowercase word, not ``splitBoard``). Our additions live under clearly named keys next to them and
 all have defaults, so a vendor file never needs them. Unknown keys are errors naming the key (and,
 for a file, its line): a typo such as ``replica: 4`` silently ignored would advertise 1 device where
@@ -59,7 +59,7 @@ from ix_gpu.devicemodel.schema_base import StrictModel, parse_document, parse_ya
 from ix_gpu.devicemodel.text import shown
 
 DEFAULT_PATH = "/ixconfig/ix-config"
-"""Where the seed's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``, key ``ix-config``)."""
+"""Where the Iluvatar device plugin's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``, key ``ix-config``)."""
 
 NVIDIA_CONFIG_VERSION = "v1"
 
@@ -264,7 +264,7 @@ class SharedResource(StrictModel):
 
 class TimeSlicing(StrictModel):
     replicas: int = 1
-    """Each physical device is advertised this many times, as ``<id>::<i>`` (the seed's key)."""
+    """Each physical device is advertised this many times, as ``<id>::<i>`` (the Iluvatar plugin's key)."""
     rename_by_default: bool = False
     """Shared devices are advertised as ``<resource>.shared`` unless an entry names a ``rename``."""
     fail_requests_greater_than_one: bool = False
@@ -466,7 +466,7 @@ class PluginConfig(StrictModel):
 
     @property
     def replicas(self) -> int:
-        """The seed's ``sharing.timeSlicing.replicas``; what a resource gets is decided per
+        """The Iluvatar plugin's ``sharing.timeSlicing.replicas``; what a resource gets is decided per
         resource by :func:`ix_gpu.plugin.devices.sharing.plan_sharing`."""
         return self.sharing.time_slicing.replicas
 

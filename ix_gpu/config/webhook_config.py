@@ -130,7 +130,7 @@ class EnvVar(_Model):
 
 
 class DeviceNodes(_Model):
-    """Device-node hostPath mounts: the seed's recipe for clusters *without* a device plugin.
+    """Device-node hostPath mounts: the tf-operator GPU discussion's recipe for clusters *without* a device plugin.
 
     Off by default: a device plugin's Allocate already gives a container exactly its GPUs, and
     mounting every ``/dev/nvidia*`` by hostPath would let it see GPUs it was not allocated.
@@ -358,7 +358,7 @@ def _builtin_workloads() -> tuple[Workload, ...]:
         Workload(
             api_version="kubeflow.org/v1", kind="TFJob", template_paths=("spec.tfReplicaSpecs.*.template",)
         ),
-        # The TfJob of the seed discussion (tf-operator, 2017).
+        # tf-operator's TfJob of 2017 (mlkube.io), as in its GPU discussion.
         Workload(
             api_version="mlkube.io/v1beta1", kind="TfJob", template_paths=("spec.replica_specs[*].template",)
         ),

@@ -77,7 +77,7 @@ class RuntimeConfig:
     resource_name: str | None
     splitboard: bool
     replicas: int
-    """The seed's ``sharing.timeSlicing.replicas``."""
+    """The Iluvatar plugin's ``sharing.timeSlicing.replicas``."""
     rename_by_default: bool
     fail_requests_greater_than_one: bool
     shared_resources: tuple[SharedEntry, ...]

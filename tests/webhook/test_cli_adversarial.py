@@ -199,7 +199,8 @@ def test_config_validate_still_says_invalid_with_exit_1_for_a_bad_field(tmp_path
     path = tmp_path / "webhook.yaml"
     path.write_text("policy: {conflictPolicy: overwrite}\n")
     line = assert_one_line_error(ix_gpu("config", "validate", str(path)), code=1)
-    assert line.startswith(f"invalid: {path}: policy.conflictPolicy")
+    # The field, and the line it is on (webhook config errors name the line, as plugin config ones do).
+    assert line.startswith(f"invalid: {path}: line 1: policy.conflictPolicy")
 
 
 # --- a bug in the mutation is reported, not hidden ---------------------------------------------

@@ -2,7 +2,7 @@
 
 A workload's ``templatePaths`` (config) say where PodTemplateSpecs live: ``.`` for a Pod itself,
 ``spec.tfReplicaSpecs.*.template`` for a TFJob (``*`` = every key of a map, whatever its casing),
-``spec.replica_specs[*].template`` for the seed's legacy TfJob (``[*]`` = every list item).
+``spec.replica_specs[*].template`` for tf-operator's legacy TfJob (``[*]`` = every list item).
 Anything of the wrong shape on the way is simply not a template: the apiserver or the CRD's schema
 is the validator, and the webhook must never crash on an odd object.
 """

@@ -247,9 +247,9 @@ MMAP_THRESHOLD = 384 << 10
 
 Above 256 KiB on purpose: uvloop's TLS transport reads every record batch with
 ``SSLObject.read(256 KiB)``, which allocates 256 KiB, shrinks it to what was read and frees it. With
-the threshold below that (it was 128 KiB), every request paid an mmap, an mremap and a munmap
+the threshold below that (128 KiB, say), every request pays an mmap, an mremap and a munmap
 (strace: 1.0-2.0 of each per request), and a page fault per touched page of a fresh mapping:
-CPU per request was 1.3-1.8x the previous main's under 64 connections. At 384 KiB none of these
+CPU per request is 1.3-1.8x higher under 64 connections. At 384 KiB none of these
 happen per request, and request bodies near the 3 MiB cap (and their joins) are still mapped."""
 
 
