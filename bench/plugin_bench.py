@@ -1,4 +1,4 @@
-"""Device-plugin benchmark: start-up, health, restart, Allocate and memory figures of the real ``ix-gpu plugin`` process.
+"""Device-plugin benchmark: start-up, health, Allocate and memory of the real ``ix-gpu plugin`` process.
 
     .venv/bin/python bench/plugin_bench.py [--boards 16] [--allocates 100000] [--json]
 

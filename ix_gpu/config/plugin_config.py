@@ -8,9 +8,9 @@ Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key
       timeSlicing:
         replicas: 4
 
-That document must load unchanged, so the Iluvatar device plugin's keys keep their spelling (``splitboard`` is one
-lowercase word, not ``splitBoard``). Our additions live under clearly named keys next to them and
-all have defaults, so a vendor file never needs them. Unknown keys are errors naming the key (and,
+That document must load unchanged, so the Iluvatar device plugin's keys keep their spelling
+(``splitboard`` is one lowercase word, not ``splitBoard``). Our additions live under clearly named
+keys next to them and all have defaults, so a vendor file never needs them. Unknown keys are errors naming the key (and,
 for a file, its line): a typo such as ``replica: 4`` silently ignored would advertise 1 device where
 4 were meant.
 
@@ -59,7 +59,8 @@ from ix_gpu.devicemodel.schema_base import StrictModel, parse_document, parse_ya
 from ix_gpu.devicemodel.text import shown
 
 DEFAULT_PATH = "/ixconfig/ix-config"
-"""Where the Iluvatar device plugin's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``, key ``ix-config``)."""
+"""Where the Iluvatar device plugin's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``,
+key ``ix-config``)."""
 
 NVIDIA_CONFIG_VERSION = "v1"
 

@@ -130,7 +130,8 @@ class EnvVar(_Model):
 
 
 class DeviceNodes(_Model):
-    """Device-node hostPath mounts: the tf-operator GPU discussion's recipe for clusters *without* a device plugin.
+    """Device-node hostPath mounts: the tf-operator GPU discussion's recipe for clusters *without* a
+    device plugin.
 
     Off by default: a device plugin's Allocate already gives a container exactly its GPUs, and
     mounting every ``/dev/nvidia*`` by hostPath would let it see GPUs it was not allocated.

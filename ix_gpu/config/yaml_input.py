@@ -17,8 +17,8 @@ below was found the hard way:
   What comes back is a tree, as from JSON: each alias is an independent copy, so changing one place
   (``ix-gpu mutate`` applies patches) cannot change another.
 * **Nesting** is bounded by ``max_depth`` (100 nodes deep, counted through aliases), so 10,000 levels
-  are an error naming the line, not a ``RecursionError``. A Pod in a TFJob is about 15 deep; the deepest real CRD schemas
-  (a Pod template under ``openAPIV3Schema``) about 40.
+  are an error naming the line, not a ``RecursionError``. A Pod in a TFJob is about 15 deep; the
+  deepest real CRD schemas (a Pod template under ``openAPIV3Schema``) about 40.
 * **Size** is checked before parsing: 1 MiB for config files (real ones are a few KB, and a
   ConfigMap holds at most 1 MiB), 16 MiB for ``ix-gpu mutate``'s manifests (a dump of many objects;
   the API server takes about 3 MiB per object).

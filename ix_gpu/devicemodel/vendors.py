@@ -57,9 +57,9 @@ NVIDIA = Vendor(
     resource_name="nvidia.com/gpu",
     device_node_template="/dev/nvidia{minor}",
     control_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"),
-    # The CUDA layout of hand-written GPU pods (LD_LIBRARY_PATH=/usr/local/cuda/lib64). Not mounted by the built-in
-    # profile: the NVIDIA container toolkit provides the driver (examples/nvidia-hostpath-driver.yaml
-    # is the profile for hosts that want the mount).
+    # The CUDA layout of hand-written GPU pods (LD_LIBRARY_PATH=/usr/local/cuda/lib64). Not mounted by
+    # the built-in profile: the NVIDIA container toolkit provides the driver
+    # (examples/nvidia-hostpath-driver.yaml is the profile for hosts that want the mount).
     driver_root="/usr/local/cuda",
     library_dir="/usr/local/cuda/lib64",
     visible_devices_env="NVIDIA_VISIBLE_DEVICES",
