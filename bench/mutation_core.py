@@ -4,7 +4,8 @@
 
 Cases: (a) the tf-operator GPU discussion's TfJob with examples/seed-config.yaml; (b) a 10-container
 pod with 3 GPU containers, each with 13 env vars and 2 mounts, and existing pod volumes, with the
-built-in default config — the shape the webhook-service benchmark posts. Target for (b): >= 20,000 mutations/s.
+built-in default config — the shape the webhook-service benchmark posts. Target for (b): >= 20,000
+mutations/s.
 """
 
 from __future__ import annotations

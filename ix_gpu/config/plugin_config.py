@@ -10,9 +10,9 @@ Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key
 
 That document must load unchanged, so the Iluvatar device plugin's keys keep their spelling
 (``splitboard`` is one lowercase word, not ``splitBoard``). Our additions live under clearly named
-keys next to them and all have defaults, so a vendor file never needs them. Unknown keys are errors naming the key (and,
-for a file, its line): a typo such as ``replica: 4`` silently ignored would advertise 1 device where
-4 were meant.
+keys next to them and all have defaults, so a vendor file never needs them. Unknown keys are errors
+naming the key (and, for a file, its line): a typo such as ``replica: 4`` silently ignored would
+advertise 1 device where 4 were meant.
 
 Operators coming from NVIDIA's k8s-device-plugin bring its ``api/config/v1`` file instead::
 
