@@ -156,7 +156,7 @@ def test_absolute_path(value: str, ok: bool) -> None:
     assert (k8s_names.absolute_path(value) == []) is ok
 
 
-# Each of the values that Kubernetes refuses on every injected pod, and one per rule.
+# Values that Kubernetes refuses on every injected pod, and one per rule.
 @pytest.mark.parametrize(
     ("data", "message"),
     [

@@ -177,7 +177,7 @@ def test_hostile_sizes_and_lists_are_fast() -> None:
 @pytest.mark.parametrize("policy", list(ReplicaPolicy))
 def test_thousands_of_replicas_are_picked_in_linear_time(policy: ReplicaPolicy) -> None:
     """A pod may ask for thousands of time-sliced replicas (the size is the user's request). Picking
-    them used to cost (size x replicas) score evaluations; it must cost (size x GPUs)."""
+    them must cost (size x GPUs) score evaluations, not (size x replicas)."""
     shared = build_device_list(chips(4), splitboard=True, replicas=2000)  # 16,000 devices
     got, seconds = timed(lambda: preferred_allocation(shared, shared.ids, [], 12_000, policy))
     assert seconds < FAST

@@ -53,7 +53,7 @@ def test_exhausted_pool_returns_what_exists_and_never_raises() -> None:
 
 def test_must_include_larger_than_size_is_cut_to_size() -> None:
     devices = build_device_list(chips(1), splitboard=True, replicas=1)
-    # Exactly allocation_size IDs, mustInclude first (issue 12; it used to return both).
+    # Exactly allocation_size IDs, mustInclude first, never more than the kubelet asked for.
     assert preferred_allocation(devices, ["C0", "C1"], ["C1", "C0"], 1, ReplicaPolicy.SPREAD) == ["C1"]
 
 

@@ -94,7 +94,7 @@ def served(caplog: pytest.LogCaptureFixture, limits: HttpLimits, loop: str) -> I
         yield endpoint
     finally:
         endpoint.close()
-    # Nothing a client sends may end in a logged error (a 70 KB line used to log a traceback).
+    # Nothing a client sends may end in a logged error (a 70 KB request line included).
     errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert not errors, [r.getMessage() for r in errors]
 

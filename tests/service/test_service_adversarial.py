@@ -15,7 +15,7 @@ generated CA. Throughout:
 - every answer is the one the case allows (a 200 with the expected decision, or a 400/413 with a
   one-line JSON error), echoes the uid, and its patch applies to the object sent;
 - every answer comes within 1 s (client clock);
-- ``/healthz`` answers within 100 ms (the issue's target), probed every ~50 ms on its own
+- ``/healthz`` answers within 100 ms (its target), probed every ~50 ms on its own
   connection from another process (the GIL of this one would otherwise be measured). Large
   reviews are parsed in a forked child (``HeavyLane``), so no 3 MiB ``orjson.loads`` holds the
   loop's GIL (with a worker thread it did: /healthz up to 163 ms);

@@ -1,7 +1,7 @@
 """``ix-gpu mutate`` and ``ix-gpu config validate`` on hostile or broken input, run as a user would.
 
-Every input error is one line on stderr and exit code 2, in well under the time an alias bomb or a
-deep document used to take; never a traceback. A GPU count the quantity code refuses is a denial
+Every input error is one line on stderr and exit code 2, refused before an alias bomb or a deep
+document is expanded or walked; never a traceback. A GPU count the quantity code refuses is a denial
 (exit 1) or an input error (exit 2), also one line.
 """
 

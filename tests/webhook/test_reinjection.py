@@ -81,8 +81,8 @@ def test_a_config_change_reinjects_as_if_only_the_new_config_had_run(
 
 
 def test_the_issue_example_a_moved_driver_is_mounted_from_the_new_path() -> None:
-    """A TFJob template injected under the old config produces pods whose old volume used to
-    'conflict' with the new one, so the new driver was never mounted."""
+    """A TFJob template injected under the old config produces pods whose old volume must not
+    'conflict' with the new one: the new driver is mounted from the new path."""
     team = NamespaceFacts("team")
     old_pod = admit(pod(), team, DEFAULT)
     new_pod = admit(old_pod, team, MOVED)
@@ -134,7 +134,7 @@ def test_without_a_record_an_old_injection_is_left_as_before() -> None:
 
 def test_replica_keys_and_selector_keys_that_look_like_env_paths_are_not_misread() -> None:
     """A replica key "env" and a nodeSelector key "value" make an op path that contains "/env/" and
-    ends in "/value" without being an env value: it once crashed the record (KeyError)."""
+    ends in "/value" without being an env value: the record must not take it for one (KeyError)."""
     profile = {"name": "i", "resources": ["iluvatar.com/gpu"], "nodeSelector": {"value": "x"}}
     config = CompiledConfig(parse_config({"profiles": [profile]}))
     template = {"spec": {"nodeSelector": {}, "containers": [container("c", 1)]}}
