@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ix_gpu.devicemodel.text import one_line
+from ix_gpu.config.text import one_line
 from ix_gpu.runtime.kube import client_configuration
 
 if TYPE_CHECKING:
