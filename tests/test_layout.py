@@ -1,9 +1,9 @@
 """The package layout's import rules, checked by walking every module's AST.
 
-The folders show the layers (``devicemodel`` < ``runtime`` < ``webhook`` / ``plugin``; the webhook's
-pure ``core`` beside its ``service``); these rules keep the picture true as the code grows. Every
-import counts, including the lazy ones inside functions, because a lazy import of fastapi in the
-core would still make the core impure.
+The folders show the layers (``devicemodel`` < ``config`` < ``runtime`` < ``webhook`` / ``plugin``;
+the webhook's pure ``core`` beside its ``service``); these rules keep the picture true as the code
+grows. Every import counts, including the lazy ones inside functions, because a lazy import of
+fastapi in the core would still make the core impure.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ CORE_ALLOWED = (
     "orjson",  # serialization in C; no I/O
     "re",
     "typing",
+    "ix_gpu.config",
     "ix_gpu.devicemodel",
     "ix_gpu.webhook.core",
 )
@@ -45,8 +46,13 @@ PLUGIN_API = "ix_gpu.plugin.api"
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         "ix_gpu.devicemodel",
-        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.runtime", "ix_gpu.cli"),
+        ("ix_gpu.config", "ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.runtime", "ix_gpu.cli"),
         "the device model is the bottom layer",
+    ),
+    (
+        "ix_gpu.config",
+        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.runtime", "ix_gpu.cli"),
+        "the config schemas and their loader sit on the device model, below both processes",
     ),
     (
         "ix_gpu.runtime",
@@ -106,7 +112,11 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
             ("grpc", f"{PLUGIN_API}.deviceplugin_v1beta1_pb2_grpc", "prometheus_client"),
             "the plugin process uses grpclib and its own metrics, not grpcio or prometheus_client",
         )
-        for importer in ("ix_gpu.plugin.server", "ix_gpu.plugin.cli", "ix_gpu.plugin.backends")
+        for importer in (
+            "ix_gpu.plugin.server",
+            "ix_gpu.plugin.cli",
+            "ix_gpu.plugin.backends",
+        )
     ),
     *(
         (
@@ -182,6 +192,7 @@ def test_the_walk_sees_every_layer() -> None:
     names = {module_name(p) for p in package_modules()}
     for layer in (
         "ix_gpu.devicemodel",
+        "ix_gpu.config",
         "ix_gpu.runtime",
         "ix_gpu.webhook.core",
         "ix_gpu.webhook.service",
@@ -208,6 +219,9 @@ def test_the_walk_sees_every_layer() -> None:
         ("ix_gpu.plugin.server.app", "import ix_gpu.webhook.core.mutation", "ix_gpu.webhook"),
         ("ix_gpu.devicemodel.labels", "from ix_gpu import webhook", "ix_gpu.webhook"),
         ("ix_gpu.devicemodel.labels", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime"),
+        ("ix_gpu.devicemodel.labels", "from ix_gpu.config import text", "ix_gpu.config"),
+        ("ix_gpu.config.webhook_config", "from ix_gpu.runtime import kube", "ix_gpu.runtime"),
+        ("ix_gpu.config.plugin_config", "from ix_gpu.plugin.server import app", "ix_gpu.plugin"),
         ("ix_gpu.runtime.kube", "from ix_gpu.cli import UsageError", "ix_gpu.cli"),
         ("ix_gpu.plugin.devices.allocation", "import grpc", "grpc"),
         ("ix_gpu.plugin.devices.allocation", "from grpclib.const import Status", "grpclib"),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ix_gpu.runtime.kube import ApiServer
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.devicemodel.plugin_config.DEFAULT_PATH, without pydantic
+DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.config.plugin_config.DEFAULT_PATH, without pydantic
 DEFAULT_METRICS_PORT = 9401
 
 
@@ -169,7 +169,7 @@ class LoadedConfig(NamedTuple):
 def _load_config(args: argparse.Namespace, label: str | None = None) -> LoadedConfig:
     """The config to start with; from a directory, the one ``label`` (the node's config label)
     or the default picks."""
-    from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+    from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
     from ix_gpu.plugin.server.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
     path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
@@ -257,7 +257,7 @@ def run_plugin(args: argparse.Namespace) -> int:
     for note in plan_sharing(config, backend.vendor.resource_name).notes:
         logging.getLogger("ix_gpu.plugin").warning("config %s: %s", config_path, note)
 
-    from ix_gpu.devicemodel.input_files import ConfigError
+    from ix_gpu.config.input_files import ConfigError
 
     directory = Path(args.device_plugin_dir)
     if not directory.is_dir():
@@ -354,7 +354,7 @@ def _allocation_gate(
     with ``--dra-driver``, the node's label and the driver's slices; else, where the node is read
     anyway for its config, its label."""
     if args.dra_driver is not None:
-        from ix_gpu.devicemodel.k8s_names import dns1123_subdomain
+        from ix_gpu.config.k8s_names import dns1123_subdomain
 
         if problems := dns1123_subdomain(args.dra_driver):
             raise UsageError(f"--dra-driver {args.dra_driver!r}: {'; '.join(problems)}")
@@ -438,7 +438,7 @@ def run_devices(args: argparse.Namespace) -> int:
 
 
 def run_cdi_generate(args: argparse.Namespace) -> int:
-    from ix_gpu.devicemodel.k8s_names import absolute_path
+    from ix_gpu.config.k8s_names import absolute_path
     from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, render, spec_path, write_spec
 
     # The spec's hostPaths are read by the container runtime, relative to nothing we know.
