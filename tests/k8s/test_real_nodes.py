@@ -7,7 +7,7 @@ real character device and the driver root holding the stub libixml. The chart's 
 the plugin's ``ixml`` backend inside the image: it loads libixml from the driver root it mounts.
 
 ``helm install`` gets the values that adapt the chart to this cluster, which a real cluster needs
-too, and the scenario's own choices; nothing else (``cluster.real_node_chart_values``):
+too, and the scenario's own choices; nothing else (``chart_values.real_node_chart_values``):
 
 - ``image.repository``/``image.tag``: the image built here (no registry), as a user names theirs;
 - ``plugin.driver.root`` and the Iluvatar profile's driver ``hostPath``: where this cluster's
@@ -35,7 +35,8 @@ import pytest
 import yaml
 
 from tests.k8s import training_operator
-from tests.k8s.cluster import MiniCluster, real_node_chart_values
+from tests.k8s.chart_values import real_node_chart_values
+from tests.k8s.cluster import MiniCluster
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
@@ -480,7 +481,14 @@ def test_helm_upgrade_reloads_then_helm_test_then_uninstall_leaves_nothing(relea
     request_ok(api, "DELETE", ns)
 
     result = release.helm("test", RELEASE, "--timeout", "180s", "--logs")
-    assert result.returncode == 0, result.stdout + result.stderr
+    if result.returncode != 0:  # what the test pod went through (helm keeps a failed one)
+        check = f"{NS_PATH}/pods/{RELEASE}-ix-gpu-check"
+        events = api.request(
+            "GET", f"{NS_PATH}/events?fieldSelector=involvedObject.name%3D{RELEASE}-ix-gpu-check"
+        )
+        pod_status = json.dumps(api.request("GET", check)[1].get("status"))
+        messages = [e.get("message") for e in events[1].get("items", [])]
+        pytest.fail(f"helm test: {result.stdout}{result.stderr}\npod: {pod_status}\nevents: {messages}")
     assert "Succeeded" in result.stdout, result.stdout
 
     result = release.helm("uninstall", RELEASE, "--wait", "--timeout", "180s")
