@@ -29,14 +29,29 @@ step "ruff"
 step "mypy"
 .venv/bin/mypy
 
+images_pid=""
+if [[ $EUID -eq 0 ]]; then
+    # The real-node tier: Debian packages, then its images, built beside the Go builds below (the
+    # base image and pip mostly wait on downloads; the training operator's Go build takes its turn
+    # at the shared build lock).
+    step "the real-node tier's packages; its images in the background"
+    bash tests/k8s/node-packages.sh
+    images_log="$(mktemp)"
+    bash tests/k8s/build-images.sh >"$images_log" 2>&1 &
+    images_pid=$!
+fi
+
 step "build the real-Kubernetes tier"
 bash tests/k8s/build.sh >/dev/null                                 # 1.35.4: apiserver, kubelet, harness
-IX_K8S_VERSION=v1.37.2 bash tests/k8s/build.sh cluster >/dev/null  # the mini cluster (test_mini_cluster)
+IX_K8S_VERSION=v1.37.2 bash tests/k8s/build.sh cluster >/dev/null  # the mini cluster, kube-proxy included
 bash tests/k8s/build-helm.sh >/dev/null                            # helm v4.3.1
-if [[ $EUID -eq 0 ]]; then
-    step "the real-node tier's packages and images"
-    bash tests/k8s/node-packages.sh
-    bash tests/k8s/build-images.sh >/dev/null
+if [[ -n "$images_pid" ]]; then
+    step "the real-node tier's images"
+    if ! wait "$images_pid"; then
+        cat "$images_log" >&2
+        exit 1
+    fi
+    tail -n 3 "$images_log"
 fi
 
 step "pytest"
