@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ix_gpu.devicemodel.webhook_config import default_config, load_config
+from ix_gpu.config.webhook_config import default_config, load_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate

@@ -193,7 +193,7 @@ async def bench(boards: int, allocates: int) -> dict[str, float]:
 
 def handler_latency(boards: int, calls: int) -> dict[str, float]:
     """Allocate handler time alone (no sockets, no client): the plugin's own share of the p99."""
-    from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+    from ix_gpu.config.plugin_config import parse_plugin_config
     from ix_gpu.devicemodel.vendors import ILUVATAR
     from ix_gpu.plugin.backends.fake_devices import parse_fake_devices
     from ix_gpu.plugin.devices.device_list import build_device_list

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ix_gpu.devicemodel.webhook_config import default_config, json_schema
+from ix_gpu.config.webhook_config import default_config, json_schema
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "ix-gpu"
 SCHEMA = CHART / "values.schema.json"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ix_gpu.devicemodel.input_files import ConfigError
+from ix_gpu.config.input_files import ConfigError
 from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
 from tests.support import isolated_work
 

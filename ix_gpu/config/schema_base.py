@@ -4,7 +4,7 @@ Every config file is YAML in Kubernetes style (camelCase keys) and strict: an un
 error that names the key, because a silently ignored typo in a cluster-wide webhook config is the
 kind of bug that costs an afternoon. Errors are rendered as ``line 7: path.to[0].field: message``
 (the line where the config came from text) so an operator can find it. The YAML itself goes
-through :mod:`ix_gpu.devicemodel.yaml_input`, the one strict loader: duplicate keys, alias bombs,
+through :mod:`ix_gpu.config.yaml_input`, the one strict loader: duplicate keys, alias bombs,
 deep nesting and oversized files are errors there. :func:`parse_yaml` is the one way from YAML
 text to a config model, for the webhook's config, the plugin's and the fake devices file alike.
 """
@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-from ix_gpu.devicemodel.yaml_input import lines_of, load_yaml
+from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+from ix_gpu.config.yaml_input import lines_of, load_yaml
 
 DIGEST_CHARS = 10
 """Hex characters of a config digest: enough to tell configs apart, short enough for an annotation."""

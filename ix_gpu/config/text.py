@@ -2,7 +2,8 @@
 
 Exception messages from YAML parsers, TLS and HTTP clients span lines and can be huge (a parser
 echoes the input it choked on); every surface ix-gpu writes to wants one bounded line. It lives in
-the lowest layer so that every layer uses this one function.
+the lowest layer that needs it (the config loader's errors), so that every layer above uses this
+one function.
 """
 
 from __future__ import annotations

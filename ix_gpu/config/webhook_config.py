@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
-from ix_gpu.devicemodel import k8s_names
-from ix_gpu.devicemodel.schema_base import StrictModel, load_yaml_file, parse_document
+from ix_gpu.config import k8s_names
+from ix_gpu.config.schema_base import StrictModel, load_yaml_file, parse_document
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
 
 API_VERSION: Literal["ix-gpu.io/v1alpha1"] = "ix-gpu.io/v1alpha1"

@@ -51,8 +51,8 @@ from yaml.reader import Reader, ReaderError
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, MiB, YamlInputError, size_text
-from ix_gpu.devicemodel.text import one_line
+from ix_gpu.config.input_files import CONFIG_MAX_BYTES, MiB, YamlInputError, size_text
+from ix_gpu.config.text import one_line
 
 MANIFEST_MAX_BYTES: Final = 16 * MiB
 """``ix-gpu mutate`` input: a dump of many objects, each at most ~3 MiB by the API server's limit."""

@@ -1,6 +1,6 @@
 """The device plugin's settings as the running plugin reads them: plain, frozen data.
 
-The ``ix-config`` schema (:mod:`ix_gpu.devicemodel.plugin_config`: our format and NVIDIA's, errors
+The ``ix-config`` schema (:mod:`ix_gpu.config.plugin_config`: our format and NVIDIA's, errors
 with field and line) is pydantic, and pydantic with those models costs a process about 12 MiB. The
 plugin runs on every GPU node for months, so it holds only this compiled form:
 :meth:`PluginConfig.runtime` makes it after validation, which the plugin does in a short-lived

@@ -11,7 +11,8 @@ It sits beside the device plugin, on the same device model and discovery backend
 - :mod:`.servicer`, :mod:`.registration`, :mod:`.app`: the gRPC side (grpclib) and the process.
 - :mod:`.api`: our ``.proto`` text for the kubelet's APIs and the generated stubs.
 
-May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.runtime`, the plugin's backends and devices
-(discovery, device grouping, CDI) and its config loader; never the device plugin's server, never
-:mod:`ix_gpu.webhook`, and never a management library: chips come through a backend.
+May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config`, :mod:`ix_gpu.runtime`, the plugin's
+backends and devices (discovery, device grouping, CDI) and its config loader; never the device
+plugin's server, never :mod:`ix_gpu.webhook`, and never a management library: chips come through
+a backend.
 """

@@ -129,7 +129,7 @@ def run_dra(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from ix_gpu.devicemodel.k8s_names import dns1123_subdomain
+    from ix_gpu.config.k8s_names import dns1123_subdomain
     from ix_gpu.runtime import json_logging
 
     json_logging.configure(args.log_level)
@@ -183,7 +183,7 @@ def run_dra(args: argparse.Namespace) -> int:
 
 def _load_config(path_text: str | None) -> RuntimeConfig:
     """The ix-config's runtime form (validated in a child; see the device plugin's config loader)."""
-    from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+    from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
     from ix_gpu.plugin.server.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
     path = Path(path_text or DEFAULT_CONFIG)

@@ -7,5 +7,6 @@
   node labels and the HTTP health/metrics endpoint.
 - :mod:`ix_gpu.plugin.api`: the generated v1beta1 stubs and their ``.proto``.
 
-May import :mod:`ix_gpu.devicemodel` and :mod:`ix_gpu.runtime`; never :mod:`ix_gpu.webhook`.
+May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config` and :mod:`ix_gpu.runtime`; never
+:mod:`ix_gpu.webhook`.
 """

@@ -26,8 +26,8 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-from ix_gpu.devicemodel.text import shown
+from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+from ix_gpu.config.text import shown
 from ix_gpu.runtime.kube import ApiServer, ClientCertificate
 
 SUPPORTED = "use a token, tokenFile or client certificate"
@@ -44,7 +44,7 @@ def read_kubeconfig(path: str | Path) -> ApiServer:
 
 class _Kubeconfig:
     def __init__(self, path: str | Path) -> None:
-        from ix_gpu.devicemodel.yaml_input import load_yaml
+        from ix_gpu.config.yaml_input import load_yaml
 
         self.path = Path(path)
         self.directory = self.path.parent

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from ix_gpu.devicemodel.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-from ix_gpu.devicemodel.text import one_line
+from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
+from ix_gpu.config.text import one_line
 from ix_gpu.runtime.outcomes import ERROR, SUCCESS
 
 T = TypeVar("T")

@@ -5,5 +5,6 @@
   hot reload, self-managed certificates, metrics).
 - ``cli`` and ``mutate_command``: the ``ix-gpu mutate/config/certs/webhook`` subcommands.
 
-May import :mod:`ix_gpu.devicemodel` and :mod:`ix_gpu.runtime`; never :mod:`ix_gpu.plugin`.
+May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config` and :mod:`ix_gpu.runtime`; never
+:mod:`ix_gpu.plugin`.
 """

@@ -171,8 +171,8 @@ def _run_mutate(args: argparse.Namespace) -> int:
 
 
 def _run_config_validate(args: argparse.Namespace) -> int:
-    from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError
-    from ix_gpu.devicemodel.webhook_config import load_config
+    from ix_gpu.config.input_files import ConfigError, YamlInputError
+    from ix_gpu.config.webhook_config import load_config
 
     try:
         config = load_config(args.file)
@@ -189,7 +189,7 @@ def _run_config_validate(args: argparse.Namespace) -> int:
 
 
 def _run_config_default(args: argparse.Namespace) -> int:
-    from ix_gpu.devicemodel.webhook_config import default_config
+    from ix_gpu.config.webhook_config import default_config
 
     sys.stdout.write(default_config().to_yaml())
     return 0
@@ -198,7 +198,7 @@ def _run_config_default(args: argparse.Namespace) -> int:
 def _run_config_schema(args: argparse.Namespace) -> int:
     import json
 
-    from ix_gpu.devicemodel.webhook_config import json_schema
+    from ix_gpu.config.webhook_config import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
     return 0

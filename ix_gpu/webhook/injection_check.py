@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
+from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.text import one_line
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from ``--claim-template`` files the same way; a claim not given is unknown, as a
 webhook's cache has not seen.
 
 Every input error is one line on stderr and exit code 2: manifests go through the one strict loader
-(:mod:`ix_gpu.devicemodel.yaml_input`: size, depth, alias and duplicate-key limits; JSON is read as
+(:mod:`ix_gpu.config.yaml_input`: size, depth, alias and duplicate-key limits; JSON is read as
 the YAML it is, under the same limits). An exception out of the mutation itself is a bug, not bad
 input; the webhook answers it with a denial (fail closed), so the preview says "denied: internal
 error" naming the exception type and exits 1 like any denial; ``-v`` adds the traceback.
@@ -23,10 +23,10 @@ from typing import Any, TextIO
 import jsonpatch
 import yaml
 
-from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError
-from ix_gpu.devicemodel.text import one_line
-from ix_gpu.devicemodel.webhook_config import load_config
-from ix_gpu.devicemodel.yaml_input import MANIFEST_MAX_BYTES, load_yaml_documents
+from ix_gpu.config.input_files import ConfigError, YamlInputError
+from ix_gpu.config.text import one_line
+from ix_gpu.config.webhook_config import load_config
+from ix_gpu.config.yaml_input import MANIFEST_MAX_BYTES, load_yaml_documents
 from ix_gpu.webhook.core.claims import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE, KnownClaims, claim_key
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts

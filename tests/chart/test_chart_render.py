@@ -17,9 +17,9 @@ import cel
 import pytest
 import yaml
 
-from ix_gpu.devicemodel.plugin_config import DEFAULT_PATH as PLUGIN_CONFIG_PATH
-from ix_gpu.devicemodel.plugin_config import parse_plugin_config
-from ix_gpu.devicemodel.webhook_config import Workload, default_config, json_schema, parse_config
+from ix_gpu.config.plugin_config import DEFAULT_PATH as PLUGIN_CONFIG_PATH
+from ix_gpu.config.plugin_config import parse_plugin_config
+from ix_gpu.config.webhook_config import Workload, default_config, json_schema, parse_config
 from tests.chart.rendering import (
     CERT_MODES,
     CHART,

@@ -1,4 +1,4 @@
-"""The apiserver's validation rules, written once (ix_gpu.devicemodel.k8s_names), and the webhook
+"""The apiserver's validation rules, written once (ix_gpu.config.k8s_names), and the webhook
 config refusing, with the field named, every value Kubernetes would refuse in an injected pod."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from ix_gpu.devicemodel import k8s_names
-from ix_gpu.devicemodel.input_files import ConfigError
-from ix_gpu.devicemodel.webhook_config import parse_config
+from ix_gpu.config import k8s_names
+from ix_gpu.config.input_files import ConfigError
+from ix_gpu.config.webhook_config import parse_config
 
 
 def profile(**extra: Any) -> dict[str, Any]:

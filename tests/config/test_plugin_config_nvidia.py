@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ix_gpu.devicemodel.input_files import ConfigError
-from ix_gpu.devicemodel.plugin_config import (
+from ix_gpu.config.input_files import ConfigError
+from ix_gpu.config.plugin_config import (
     DeviceIdStrategy,
     ReplicaPolicy,
     load_plugin_config,

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
-from ix_gpu.devicemodel.input_files import ConfigError
-from ix_gpu.devicemodel.webhook_config import (
+from ix_gpu.config.input_files import ConfigError
+from ix_gpu.config.webhook_config import (
     Workload,
     default_config,
     json_schema,

@@ -15,12 +15,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ix_gpu.devicemodel import yaml_input
-from ix_gpu.devicemodel.input_files import ConfigError, YamlInputError, read_capped
-from ix_gpu.devicemodel.plugin_config import load_plugin_config
-from ix_gpu.devicemodel.schema_base import parse_yaml
-from ix_gpu.devicemodel.webhook_config import load_config
-from ix_gpu.devicemodel.yaml_input import load_yaml, load_yaml_documents
+from ix_gpu.config import yaml_input
+from ix_gpu.config.input_files import ConfigError, YamlInputError, read_capped
+from ix_gpu.config.plugin_config import load_plugin_config
+from ix_gpu.config.schema_base import parse_yaml
+from ix_gpu.config.webhook_config import load_config
+from ix_gpu.config.yaml_input import load_yaml, load_yaml_documents
 from ix_gpu.plugin.backends.fake_devices import FakeDevices, parse_fake_devices
 from tests.support.paths import EXAMPLES
 

@@ -28,8 +28,8 @@ import jsonpatch
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from ix_gpu.devicemodel.input_files import ConfigError
-from ix_gpu.devicemodel.webhook_config import parse_config
+from ix_gpu.config.input_files import ConfigError
+from ix_gpu.config.webhook_config import parse_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate

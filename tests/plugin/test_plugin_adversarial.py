@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ix_gpu.plugin.devices.allocation as allocation
-from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy, RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb

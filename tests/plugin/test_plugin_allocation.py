@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.plugin.backends.base import Chip

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
-from ix_gpu.devicemodel.plugin_config import load_plugin_config
 from ix_gpu.plugin.backends.fake import FakeBackend
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate, count_slice_devices
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings

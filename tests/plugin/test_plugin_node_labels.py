@@ -14,9 +14,9 @@ from typing import Any, ClassVar
 import jsonpatch
 import pytest
 
+from ix_gpu.config.plugin_config import load_plugin_config
+from ix_gpu.config.webhook_config import default_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.plugin_config import load_plugin_config
-from ix_gpu.devicemodel.webhook_config import default_config
 from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.backends.fake import FakeBackend
 from ix_gpu.plugin.devices.device_list import build_device_list

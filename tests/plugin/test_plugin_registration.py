@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ix_gpu.devicemodel.plugin_config import PluginConfig
+from ix_gpu.config.plugin_config import PluginConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc

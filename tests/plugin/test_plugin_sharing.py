@@ -8,7 +8,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ix_gpu.devicemodel.plugin_config import parse_plugin_config
+from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.plugin.backends.base import Chip

@@ -11,7 +11,7 @@ import time
 import orjson
 import pytest
 
-from ix_gpu.devicemodel.webhook_config import default_config
+from ix_gpu.config.webhook_config import default_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service import admission_handler
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler

@@ -60,7 +60,7 @@ def adversarial_config() -> str:
     """The built-in config with a richer NVIDIA profile: device nodes, a node selector, a runtime
     class, a required node expression and ``privileged: allowed``, so that every merge of the core
     (and every message quoting a user's conflicting value) is reachable by the corpus."""
-    from ix_gpu.devicemodel.webhook_config import default_config
+    from ix_gpu.config.webhook_config import default_config
 
     config = yaml.safe_load(default_config().to_yaml())
     nvidia = next(p for p in config["profiles"] if p["name"] == "nvidia")

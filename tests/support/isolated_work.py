@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from ix_gpu.devicemodel.input_files import ConfigError
+from ix_gpu.config.input_files import ConfigError
 
 
 def pid_and_pydantic(load: bool) -> tuple[int, bool]:

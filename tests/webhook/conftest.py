@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ix_gpu.devicemodel.webhook_config import default_config, load_config
+from ix_gpu.config.webhook_config import default_config, load_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from tests.support.paths import EXAMPLES
 

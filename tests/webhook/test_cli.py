@@ -12,7 +12,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from ix_gpu.devicemodel.webhook_config import json_schema
+from ix_gpu.config.webhook_config import json_schema
 from ix_gpu.webhook.service.certificates import serving_cert_sans
 from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES

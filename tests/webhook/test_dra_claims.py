@@ -10,8 +10,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from ix_gpu.config.webhook_config import default_config, parse_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.webhook_config import default_config, parse_config
 from ix_gpu.webhook.core.claims import (
     RESOURCE_CLAIM,
     RESOURCE_CLAIM_TEMPLATE,

@@ -7,8 +7,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from ix_gpu.config.webhook_config import parse_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.webhook_config import parse_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate

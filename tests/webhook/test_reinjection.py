@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ix_gpu.config.webhook_config import default_config, parse_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.webhook_config import default_config, parse_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
 from ix_gpu.webhook.core.injection_record import item_ref

@@ -3,7 +3,8 @@
 ``ixml`` (libixml via ctypes), ``nvml`` (pynvml), ``devfs`` (device nodes and sysfs only) and
 ``fake`` (a YAML file). ``auto`` tries ixml, then nvml, then devfs. Each backend module is imported
 only when chosen, so a node without NVML never imports pynvml. Backends may import
-:mod:`ix_gpu.devicemodel` and :mod:`ix_gpu.runtime`, never the server or the device list.
+:mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config` and :mod:`ix_gpu.runtime`, never the server or the
+device list.
 """
 
 from __future__ import annotations

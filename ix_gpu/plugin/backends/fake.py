@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ix_gpu.devicemodel.input_files import ConfigError
+from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.vendors import VENDORS, Vendor
 from ix_gpu.plugin.backends.base import BackendError, Chip
 from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated

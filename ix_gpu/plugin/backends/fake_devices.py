@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ix_gpu.devicemodel.schema_base import StrictModel, parse_yaml
+from ix_gpu.config.schema_base import StrictModel, parse_yaml
 from ix_gpu.plugin.backends.base import Chip, decode_ixml_health
 from ix_gpu.plugin.backends.fake import FakeScan
 

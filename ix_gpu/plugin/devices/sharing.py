@@ -1,6 +1,6 @@
 """Which resource the plugin advertises, and which of its devices are time-sliced how many times.
 
-The config says it in one of two forms (see :mod:`ix_gpu.devicemodel.plugin_config`; the plugin
+The config says it in one of two forms (see :mod:`ix_gpu.config.plugin_config`; the plugin
 holds it as :class:`RuntimeConfig`): the Iluvatar plugin's
 ``timeSlicing.replicas`` for the plugin's own resource, or NVIDIA's ``timeSlicing.resources`` list,
 whose entries name a resource (``gpu`` meaning the plugin's domain) and may rename it or select

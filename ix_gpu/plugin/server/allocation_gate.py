@@ -13,8 +13,8 @@ import urllib.parse
 from typing import TYPE_CHECKING
 from urllib.error import HTTPError
 
+from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel.allocation import Verdict, device_plugin_verdict
-from ix_gpu.devicemodel.text import one_line
 
 if TYPE_CHECKING:
     from ix_gpu.plugin.server.node_config import NodeLabelReader

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_gpu.devicemodel.input_files import ConfigError
+from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_runtime import DeviceListStrategy, RuntimeConfig
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
 from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, spec_path, write_spec

@@ -4,7 +4,7 @@ never imports it (about 12 MiB it could not give back)."""
 
 from __future__ import annotations
 
-from ix_gpu.devicemodel.input_files import ConfigError
+from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
 from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
 
@@ -21,7 +21,7 @@ def load_runtime_config(content: bytes | str | None, source: str) -> RuntimeConf
 
 
 def _compile(content: bytes | str | None, source: str) -> RuntimeConfig:  # runs in the child
-    from ix_gpu.devicemodel.plugin_config import PluginConfig, parse_plugin_yaml
+    from ix_gpu.config.plugin_config import PluginConfig, parse_plugin_yaml
 
     config = PluginConfig() if content is None else parse_plugin_yaml(content, source)
     return config.runtime()

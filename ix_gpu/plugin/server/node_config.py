@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.allocation import NodeFacts
-from ix_gpu.devicemodel.text import one_line
 
 if TYPE_CHECKING:
     from ix_gpu.runtime.kube import ApiServer

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from ix_gpu.devicemodel.webhook_config import NamespaceLookupFailure
+from ix_gpu.config.webhook_config import NamespaceLookupFailure
 from ix_gpu.webhook.core.compiled_config import CompiledConfig, CompiledProfile
 from ix_gpu.webhook.core.gpu_requests import CONTAINER_LISTS, GpuContainer, GpuRequestError, describe
 

@@ -1,4 +1,4 @@
-"""The webhook's runtime view of a :class:`~ix_gpu.devicemodel.webhook_config.WebhookConfig`.
+"""The webhook's runtime view of a :class:`~ix_gpu.config.webhook_config.WebhookConfig`.
 
 Everything that can be computed once per config — Kubernetes-shaped volume/mount/env dicts,
 resource-name → profile matches, workload lookup, the content digest — is computed here, so the
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ix_gpu.devicemodel.webhook_config import Profile, WebhookConfig, Workload
+from ix_gpu.config.webhook_config import Profile, WebhookConfig, Workload
 from ix_gpu.webhook.core.injection_record import item_digest, item_ref
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.
@@ -40,7 +40,7 @@ class InjectedEnv:
     name: str
     value: str
     mode: str
-    """An :class:`~ix_gpu.devicemodel.webhook_config.EnvMode` value as a plain string: comparing enum
+    """An :class:`~ix_gpu.config.webhook_config.EnvMode` value as a plain string: comparing enum
     members costs several times a string comparison, and this is checked per GPU container."""
 
 

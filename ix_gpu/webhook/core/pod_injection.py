@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ix_gpu.config.text import shown
+from ix_gpu.config.webhook_config import EnvMode, Privileged
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.text import shown
-from ix_gpu.devicemodel.webhook_config import EnvMode, Privileged
 from ix_gpu.webhook.core import patch_ops
 from ix_gpu.webhook.core.compiled_config import CompiledProfile, InjectedEnv
 from ix_gpu.webhook.core.gpu_requests import GpuContainer

@@ -3,5 +3,5 @@
 What talks to the outside world lives here: the ASGI app and uvicorn server, AdmissionReview
 envelopes, TLS contexts and certificates, the namespace list+watch cache, file hot reload, the
 self-managed certificate Secret and the Prometheus metrics. It may import the core,
-:mod:`ix_gpu.devicemodel` and :mod:`ix_gpu.runtime`; never :mod:`ix_gpu.plugin`.
+:mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config` and :mod:`ix_gpu.runtime`; never :mod:`ix_gpu.plugin`.
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ix_gpu.devicemodel.text import one_line, shown
+from ix_gpu.config.text import one_line, shown
 from ix_gpu.webhook.core.decision import Decision, MutationResult
 
 API_VERSION = "admission.k8s.io/v1"

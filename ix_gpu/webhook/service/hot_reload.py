@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ix_gpu.devicemodel.schema_base import parse_yaml
-from ix_gpu.devicemodel.text import one_line
-from ix_gpu.devicemodel.webhook_config import WebhookConfig
+from ix_gpu.config.schema_base import parse_yaml
+from ix_gpu.config.text import one_line
+from ix_gpu.config.webhook_config import WebhookConfig
 from ix_gpu.runtime.reload import LastGoodFiles
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.metrics import ServiceMetrics

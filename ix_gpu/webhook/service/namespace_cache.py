@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import orjson
 
+from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.text import one_line
 from ix_gpu.runtime.kube import client_configuration
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.service.metrics import ServiceMetrics
