@@ -1,5 +1,6 @@
-"""webhook/self_certs.py against a local stand-in of the apiserver's Secret and webhook
-configuration endpoints (resourceVersion conflicts, create-if-absent, JSON patch with test ops).
+"""webhook/service/self_certs.py and self_cert_cli.py against a local stand-in of the apiserver's
+Secret and webhook configuration endpoints (resourceVersion conflicts, create-if-absent, JSON patch
+with test ops).
 
 The adapter over the real kubernetes client is exercised by the install test on the real
 apiserver (tests/chart/test_chart_install.py)."""
@@ -19,18 +20,9 @@ import pytest
 from cryptography import x509
 
 from ix_gpu.cli import UsageError
-from ix_gpu.webhook.service import self_certs
-from ix_gpu.webhook.service.self_certs import (
-    CA_BUNDLE,
-    CA_CERT,
-    TLS_CERT,
-    TLS_KEY,
-    Owner,
-    SelfCertError,
-    SelfCertManager,
-    SelfCertSettings,
-    StoredSecret,
-)
+from ix_gpu.webhook.service import self_cert_cli, self_certs
+from ix_gpu.webhook.service.self_cert_material import CA_BUNDLE, CA_CERT, TLS_CERT, TLS_KEY, SelfCertError
+from ix_gpu.webhook.service.self_certs import Owner, SelfCertManager, SelfCertSettings, StoredSecret
 from tests.chart.rendering import NAMESPACE, find, render
 from tests.support.waiting import wait_until
 
@@ -419,7 +411,7 @@ def _webhook_parser() -> argparse.ArgumentParser:
 def test_the_charts_webhook_args_parse_and_give_the_settings() -> None:
     deployment = find(render(), "Deployment", "ixg-ix-gpu-webhook")
     args = _webhook_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
-    settings = self_certs.settings_from_args(args)
+    settings = self_cert_cli.settings_from_args(args)
     assert settings == SelfCertSettings(
         namespace=NAMESPACE,
         secret_name="ixg-ix-gpu-webhook-tls",
@@ -462,12 +454,12 @@ def test_the_charts_webhook_args_parse_and_give_the_settings() -> None:
 def test_bad_self_cert_flags_are_usage_errors(argv: list[str], message: str) -> None:
     args = _webhook_parser().parse_args(["webhook", *argv])
     with pytest.raises(UsageError, match=message):
-        self_certs.settings_from_args(args)
+        self_cert_cli.settings_from_args(args)
 
 
 def test_without_the_flags_nothing_happens() -> None:
     args = _webhook_parser().parse_args(["webhook"])
-    assert self_certs.start_from_args(args) is None
+    assert self_cert_cli.start_from_args(args) is None
 
 
 def test_start_from_args_prepares_the_cert_dir_before_the_service(
@@ -490,7 +482,7 @@ def test_start_from_args_prepares_the_cert_dir_before_the_service(
             DNS[0],
         ]
     )
-    manager = self_certs.start_from_args(args, api=api)
+    manager = self_cert_cli.start_from_args(args, api=api)
     assert manager is not None
     assert (tmp_path / "tls.crt").read_bytes() == api.secret()[TLS_CERT]
     from ix_gpu.webhook.service.server import ensure_certificates

@@ -21,43 +21,39 @@ delete the Secret too, and a later install starts with a new CA instead of a sta
 
 The Secret keys: ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key`` (type kubernetes.io/tls) and
 ``ca-bundle.crt``. The kubernetes client is reached through :class:`ClusterApi`, so the logic is
-tested against a local stand-in and the adapter against a real apiserver.
-
-Import-light on purpose: ``register``-time code (:func:`add_arguments`) must not import the
-kubernetes client or cryptography.
+tested against a local stand-in and the adapter (:mod:`.self_cert_client`) against a real
+apiserver. The material is :mod:`.self_cert_material`; the flags are :mod:`.self_cert_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime as dt
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ix_gpu.config.text import one_line
-from ix_gpu.runtime.kube import client_configuration
-
-if TYPE_CHECKING:
-    from cryptography import x509
+from ix_gpu.webhook.service.self_cert_material import (
+    CA_BUNDLE,
+    CA_CERT,
+    CA_KEY,
+    TLS_CERT,
+    TLS_KEY,
+    SecretMaterial,
+    SelfCertError,
+    issue_from_ca,
+    load_cert,
+    new_ca,
+    split_pems,
+    utc_now,
+    write_pair,
+)
 
 log = logging.getLogger("ix_gpu.self_certs")
-
-CA_CERT = "ca.crt"
-CA_KEY = "ca.key"
-CA_BUNDLE = "ca-bundle.crt"
-TLS_CERT = "tls.crt"
-TLS_KEY = "tls.key"
-SECRET_KEYS = (CA_CERT, CA_KEY, CA_BUNDLE, TLS_CERT, TLS_KEY)
-
-
-class SelfCertError(Exception):
-    """The certificate Secret or the webhook configuration could not be brought into shape."""
 
 
 @dataclass(frozen=True)
@@ -117,43 +113,10 @@ class SelfCertSettings:
 
 
 @dataclass
-class _Material:
-    ca_cert: bytes
-    ca_key: bytes
-    ca_bundle: bytes
-    cert: bytes
-    key: bytes
-
-    def secret_data(self) -> dict[str, bytes]:
-        return {
-            CA_CERT: self.ca_cert,
-            CA_KEY: self.ca_key,
-            CA_BUNDLE: self.ca_bundle,
-            TLS_CERT: self.cert,
-            TLS_KEY: self.key,
-        }
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def _load_cert(pem: bytes) -> x509.Certificate:
-    from cryptography import x509
-
-    return x509.load_pem_x509_certificate(pem)
-
-
-def _split_pems(bundle: bytes) -> list[bytes]:
-    marker = b"-----END CERTIFICATE-----"
-    return [chunk.strip() + b"\n" + marker + b"\n" for chunk in bundle.split(marker)[:-1]]
-
-
-@dataclass
 class SelfCertManager:
     settings: SelfCertSettings
     api: ClusterApi
-    clock: Callable[[], dt.datetime] = _now
+    clock: Callable[[], dt.datetime] = utc_now
     served: bytes | None = field(default=None, init=False)
     """The tls.crt last written to the cert dir."""
     events: list[str] = field(default_factory=list, init=False)
@@ -165,25 +128,25 @@ class SelfCertManager:
     def _issue(self, ca_cert: bytes, ca_key: bytes) -> tuple[bytes, bytes]:
         return issue_from_ca(ca_cert, ca_key, self.settings.dns_names, self.clock(), self.settings.validity)
 
-    def _new_material(self, previous_bundle: bytes = b"") -> _Material:
+    def _new_material(self, previous_bundle: bytes = b"") -> SecretMaterial:
         ca_cert, ca_key = new_ca(self.clock(), self.settings.ca_validity)
         cert, key = self._issue(ca_cert, ca_key)
         # Keep CAs that still verify certificates in flight, so replicas still serving one of them
         # are trusted until they pick up the new certificate.
-        still_valid = [pem for pem in _split_pems(previous_bundle) if self._not_expired(pem)]
-        return _Material(ca_cert, ca_key, ca_cert + b"".join(still_valid), cert, key)
+        still_valid = [pem for pem in split_pems(previous_bundle) if self._not_expired(pem)]
+        return SecretMaterial(ca_cert, ca_key, ca_cert + b"".join(still_valid), cert, key)
 
     def _not_expired(self, pem: bytes) -> bool:
         try:
-            return _load_cert(pem).not_valid_after_utc > self.clock()
+            return load_cert(pem).not_valid_after_utc > self.clock()
         except ValueError:
             return False
 
-    def _needs_new_ca(self, material: _Material) -> str | None:
+    def _needs_new_ca(self, material: SecretMaterial) -> str | None:
         from cryptography.hazmat.primitives import serialization
 
         try:
-            ca = _load_cert(material.ca_cert)
+            ca = load_cert(material.ca_cert)
             ca_key = serialization.load_pem_private_key(material.ca_key, password=None)
         except (ValueError, TypeError) as exc:
             return f"unreadable CA: {exc}"
@@ -193,15 +156,15 @@ class SelfCertManager:
             return "the CA expires before a new serving certificate would"
         return None
 
-    def _needs_new_cert(self, material: _Material) -> str | None:
+    def _needs_new_cert(self, material: SecretMaterial) -> str | None:
         from cryptography import x509
         from cryptography.exceptions import InvalidSignature
         from cryptography.hazmat.primitives import serialization
 
         try:
-            cert = _load_cert(material.cert)
+            cert = load_cert(material.cert)
             key = serialization.load_pem_private_key(material.key, password=None)
-            cert.verify_directly_issued_by(_load_cert(material.ca_cert))
+            cert.verify_directly_issued_by(load_cert(material.ca_cert))
         except (ValueError, TypeError, InvalidSignature) as exc:
             return f"serving certificate unusable: {exc}"
         if cert.public_key() != key.public_key():
@@ -234,7 +197,7 @@ class SelfCertManager:
             f"after {attempts} attempts"
         )
 
-    def _settle_secret(self) -> _Material | None:
+    def _settle_secret(self) -> SecretMaterial | None:
         """The material in the Secret after at most one write of ours; None = lost a race, retry."""
         s = self.settings
         stored = self.api.read_secret(s.namespace, s.secret_name)
@@ -251,7 +214,7 @@ class SelfCertManager:
             material = self._new_material()
             event = "rotated-ca"
         else:
-            material = _Material(
+            material = SecretMaterial(
                 data[CA_CERT],
                 data[CA_KEY],
                 data.get(CA_BUNDLE) or data[CA_CERT],
@@ -283,7 +246,7 @@ class SelfCertManager:
         uid = self.api.configuration_uid(name)
         return None if uid is None else Owner(name, uid)
 
-    def _publish(self, material: _Material, wrote_secret: bool) -> None:
+    def _publish(self, material: SecretMaterial, wrote_secret: bool) -> None:
         # Order matters: the apiserver must trust the CA before the server presents a certificate
         # signed by it.
         self._ensure_ca_bundle(material.ca_bundle)
@@ -337,229 +300,3 @@ class SelfCertManager:
         stop = threading.Event()
         threading.Thread(target=self.run_forever, args=(stop,), name="self-certs", daemon=True).start()
         return stop
-
-
-def new_ca(now: dt.datetime, validity: dt.timedelta) -> tuple[bytes, bytes]:
-    """A self-signed CA valid from ``now`` on the manager's clock (PEM cert, PEM key)."""
-    from ix_gpu.webhook.service.certificates import generate_ca
-
-    return generate_ca(f"ix-gpu-webhook-ca-{now:%Y%m%d%H%M%S}", valid_for=validity, now=now)
-
-
-def issue_from_ca(
-    ca_cert_pem: bytes,
-    ca_key_pem: bytes,
-    dns_names: tuple[str, ...],
-    now: dt.datetime,
-    validity: dt.timedelta,
-) -> tuple[bytes, bytes]:
-    """A serving certificate (serverAuth, DNS SANs) signed by the CA, valid from ``now``."""
-    from ix_gpu.webhook.service.certificates import issue_serving_cert
-
-    try:
-        return issue_serving_cert(ca_cert_pem, ca_key_pem, list(dns_names), [], valid_for=validity, now=now)
-    except ValueError as exc:
-        raise SelfCertError(f"cannot issue from the CA in the Secret: {exc}") from None
-
-
-def write_pair(cert_dir: Path, cert: bytes, key: bytes) -> None:
-    """Write tls.key then tls.crt, each atomically (the reloader retries a mismatched pair)."""
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    for name, data, mode in ((TLS_KEY, key, 0o600), (TLS_CERT, cert, 0o644)):
-        path = cert_dir / name
-        tmp = path.with_name(f".{name}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-
-
-# -------------------------------------------------------------------- the kubernetes client adapter
-
-
-class KubernetesClusterApi:
-    """:class:`ClusterApi` over the official client (kubeconfig or in-cluster service account)."""
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self._client = client
-        self._core = client.CoreV1Api(api_client)
-        self._admission = client.AdmissionregistrationV1Api(api_client)
-
-    @classmethod
-    def connect(cls, kubeconfig: str | None) -> KubernetesClusterApi:
-        from kubernetes import client
-
-        return cls(client.ApiClient(client_configuration(kubeconfig)))
-
-    def _status(self, exc: Exception) -> int | None:
-        status = getattr(exc, "status", None)
-        return status if isinstance(status, int) else None
-
-    def read_secret(self, namespace: str, name: str) -> StoredSecret | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            secret = self._core.read_namespaced_secret(name, namespace)
-        except ApiException as exc:
-            if self._status(exc) == 404:
-                return None
-            raise
-        data = {key: base64.b64decode(value) for key, value in (secret.data or {}).items()}
-        version = secret.metadata.resource_version if secret.metadata is not None else None
-        return StoredSecret(data, str(version or ""))
-
-    def _body(
-        self, name: str, data: dict[str, bytes], resource_version: str | None, owner: Owner | None
-    ) -> Any:
-        c = self._client
-        owners = None
-        if owner is not None:
-            reference = c.V1OwnerReference(
-                api_version=owner.api_version, kind=owner.kind, name=owner.name, uid=owner.uid
-            )
-            owners = [reference]
-        return c.V1Secret(
-            metadata=c.V1ObjectMeta(
-                name=name,
-                resource_version=resource_version,
-                labels={"app.kubernetes.io/managed-by": "ix-gpu-webhook"},
-                owner_references=owners,
-            ),
-            type="kubernetes.io/tls",
-            data={key: base64.b64encode(value).decode() for key, value in data.items()},
-        )
-
-    def create_secret(self, namespace: str, name: str, data: dict[str, bytes], owner: Owner | None) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._core.create_namespaced_secret(namespace, self._body(name, data, None, owner))
-        except ApiException as exc:
-            if self._status(exc) == 409:
-                return False
-            raise
-        return True
-
-    def replace_secret(
-        self, namespace: str, name: str, data: dict[str, bytes], resource_version: str, owner: Owner | None
-    ) -> bool:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            body = self._body(name, data, resource_version, owner)
-            self._core.replace_namespaced_secret(name, namespace, body)
-        except ApiException as exc:
-            if self._status(exc) == 409:
-                return False
-            raise
-        return True
-
-    def configuration_uid(self, configuration: str) -> str | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            mwc = self._admission.read_mutating_webhook_configuration(configuration)
-        except ApiException as exc:
-            if self._status(exc) == 404:
-                return None
-            raise
-        return str(mwc.metadata.uid) if mwc.metadata is not None and mwc.metadata.uid else None
-
-    def read_ca_bundles(self, configuration: str) -> list[tuple[str, bytes | None]]:
-        mwc = self._admission.read_mutating_webhook_configuration(configuration)
-        out: list[tuple[str, bytes | None]] = []
-        for webhook in mwc.webhooks or []:
-            bundle = webhook.client_config.ca_bundle
-            out.append((webhook.name, base64.b64decode(bundle) if bundle else None))
-        return out
-
-    def patch_ca_bundles(self, configuration: str, patch: list[dict[str, Any]]) -> None:
-        # A list body makes the client send application/json-patch+json.
-        self._admission.patch_mutating_webhook_configuration(configuration, patch)
-
-
-# -------------------------------------------------------------------- ix-gpu webhook wiring
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``ix-gpu webhook`` flags of self mode (argparse only; nothing heavy is imported)."""
-    group = parser.add_argument_group("self-managed certificates (the chart's certs.mode: self)")
-    group.add_argument(
-        "--self-certs-secret",
-        metavar="NAMESPACE/NAME",
-        help="create (if absent), renew and serve the CA and serving certificate kept in this Secret",
-    )
-    group.add_argument(
-        "--webhook-configuration",
-        metavar="NAME",
-        help="MutatingWebhookConfiguration whose caBundle is kept in line (with --self-certs-secret)",
-    )
-    group.add_argument(
-        "--service-dns",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="DNS SAN of the serving certificate, e.g. svc.namespace.svc (repeatable)",
-    )
-    group.add_argument(
-        "--self-certs-validity-days",
-        type=int,
-        default=90,
-        metavar="N",
-        help="validity of the serving certificate; renewed with a third left (default 90)",
-    )
-
-
-def settings_from_args(args: argparse.Namespace) -> SelfCertSettings | None:
-    """None without ``--self-certs-secret``; otherwise checked settings (UsageError when wrong)."""
-    from ix_gpu.runtime.usage import UsageError
-
-    if not args.self_certs_secret:
-        if args.webhook_configuration or args.service_dns:
-            raise UsageError("--webhook-configuration and --service-dns need --self-certs-secret")
-        return None
-    namespace, sep, name = args.self_certs_secret.partition("/")
-    if not sep or not namespace or not name or "/" in name:
-        raise UsageError(f"--self-certs-secret: expected NAMESPACE/NAME, got {args.self_certs_secret!r}")
-    if not args.webhook_configuration:
-        raise UsageError("--self-certs-secret needs --webhook-configuration")
-    if not args.service_dns:
-        raise UsageError("--self-certs-secret needs at least one --service-dns")
-    if not 2 <= args.self_certs_validity_days <= 3650:
-        raise UsageError("--self-certs-validity-days must be between 2 and 3650")
-    return SelfCertSettings(
-        namespace=namespace,
-        secret_name=name,
-        webhook_configuration=args.webhook_configuration,
-        dns_names=tuple(args.service_dns),
-        cert_dir=Path(args.cert_dir),
-        validity=dt.timedelta(days=args.self_certs_validity_days),
-    )
-
-
-def start_from_args(args: argparse.Namespace, api: ClusterApi | None = None) -> SelfCertManager | None:
-    """Run before the service starts: the cert dir then holds the Secret's certificate, the
-    caBundle matches, and a daemon thread keeps both current. No-op without the flags."""
-    from ix_gpu.runtime import json_logging
-    from ix_gpu.runtime.usage import UsageError
-
-    settings = settings_from_args(args)
-    if settings is None:
-        return None
-    json_logging.configure(args.log_level)
-    if api is None:
-        try:
-            api = KubernetesClusterApi.connect(args.kubeconfig)
-        except Exception as exc:  # ConfigException, OSError, ...: one line for the operator
-            where = args.kubeconfig or "the in-cluster service account"
-            raise UsageError(f"self certificates: cannot use {where}: {one_line(exc)}") from None
-    manager = SelfCertManager(settings, api)
-    try:
-        manager.ensure()
-    except Exception as exc:
-        reason = one_line(exc)
-        raise UsageError(f"self certificates: {reason}") from None
-    manager.start()
-    return manager

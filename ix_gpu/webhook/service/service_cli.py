@@ -150,14 +150,14 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "one at a time; one not answered within this budget (counted from its last body byte) "
         f"gets 503 with Retry-After and its child is killed (default: {defaults.request_budget:g})",
     )
-    from ix_gpu.webhook.service.self_certs import add_arguments as add_self_cert_arguments
+    from ix_gpu.webhook.service.self_cert_cli import add_arguments as add_self_cert_arguments
 
     add_self_cert_arguments(webhook)
     webhook.set_defaults(handler=_run_webhook)
 
 
 def _run_webhook(args: argparse.Namespace) -> int:
-    from ix_gpu.webhook.service.self_certs import start_from_args
+    from ix_gpu.webhook.service.self_cert_cli import start_from_args
     from ix_gpu.webhook.service.server import ServiceOptions, StartupError, run_service
 
     start_from_args(args)
