@@ -82,6 +82,8 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
             "ix_gpu.plugin.server.registration",
             "ix_gpu.plugin.server.metrics",
             "ix_gpu.plugin.cli",
+            "ix_gpu.plugin.startup",
+            "ix_gpu.plugin.commands",
             "ix_gpu.plugin.api",
             "pynvml",
             "ctypes",
@@ -115,6 +117,8 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         for importer in (
             "ix_gpu.plugin.server",
             "ix_gpu.plugin.cli",
+            "ix_gpu.plugin.startup",
+            "ix_gpu.plugin.commands",
             "ix_gpu.plugin.backends",
         )
     ),

@@ -108,7 +108,7 @@ def test_the_plugin_validates_its_config_once_at_start(
     start budget), then again. Now once, and cluster access is asked for after it, only when the
     config enables labels (here: not in a cluster, so none)."""
     from ix_gpu.cli import build_parser
-    from ix_gpu.plugin import cli as plugin_cli
+    from ix_gpu.plugin import startup
     from ix_gpu.plugin.server import config_loader
     from ix_gpu.runtime import json_logging
     from ix_gpu.runtime.usage import UsageError
@@ -124,8 +124,8 @@ def test_the_plugin_validates_its_config_once_at_start(
         lambda content, source: loads.append(source) or real_load(content, source),
     )
     connects: list[str | None] = []
-    real_connect = plugin_cli._connect
-    monkeypatch.setattr(plugin_cli, "_connect", lambda path: connects.append(path) or real_connect(path))
+    real_connect = startup.connect
+    monkeypatch.setattr(startup, "connect", lambda path: connects.append(path) or real_connect(path))
     config = tmp_path / "ix-config"
     config.write_text(f"labels:\n  enabled: {str(labels_enabled).lower()}\n")
     args = build_parser().parse_args(
@@ -136,6 +136,6 @@ def test_the_plugin_validates_its_config_once_at_start(
     )
     # Everything is loaded before the socket directory is checked, so this stops right after.
     with pytest.raises(UsageError, match="not a directory"):
-        plugin_cli.run_plugin(args)
+        startup.run_plugin(args)
     assert loads == [str(config)]
     assert connects == ([None] if labels_enabled else [])
