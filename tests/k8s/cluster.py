@@ -25,18 +25,12 @@ Needs root (mount namespaces).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import contextlib
 import dataclasses
-import json
-import os
-import shutil
-import signal
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -47,7 +41,6 @@ from typing import Any
 
 import yaml
 
-from tests.k8s import real_nodes
 from tests.k8s.k8s_tier import (
     CLUSTER_K8S_VERSION,
     Etcd,
@@ -59,10 +52,10 @@ from tests.k8s.k8s_tier import (
     start_kube_apiserver,
     start_kubelet_node,
 )
-from tests.k8s.real_nodes import Images, RealNode, RealNodes
+from tests.k8s.real_nodes import RealNode, RealNodes
 from tests.support.cli import ix_gpu
 from tests.support.net import free_port
-from tests.support.paths import EXAMPLES, ROOT, load_yaml
+from tests.support.paths import ROOT
 from tests.support.plugin_process import PluginProcess
 from tests.support.processes import Process, start_process
 from tests.support.waiting import wait_until
@@ -741,340 +734,8 @@ class MiniCluster:
         self.nodes.clear()
 
 
-# --------------------------------------------------------------------------- command line
-
-
-def _state_path(work_dir: Path) -> Path:
-    return work_dir / "state.json"
-
-
-def _read_state(work_dir: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(_state_path(work_dir).read_text())
-    except (OSError, ValueError):
-        return None
-    return data
-
-
-def _write_state(work_dir: Path, state: dict[str, Any]) -> None:
-    tmp = _state_path(work_dir).with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(_state_path(work_dir))
-
-
-def chart_values(
-    api_url: str,
-    devices_dir: Path,
-    driver_root: Path,
-    webhook_port: int,
-    config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Values for charts/ix-gpu on this cluster (kubelets on ``host_address()``): what adapts the
-    chart to loopback pods, no kube-proxy and no GPU, and nothing else (tests/k8s/README.md).
-
-    - ``webhook.hostNetwork``: loopback pod IPs cannot be Service endpoints.
-    - ``*.extraEnv`` ``KUBERNETES_SERVICE_HOST/PORT``: the ``kubernetes`` Service's ClusterIP
-      leads nowhere without kube-proxy.
-    - The plugin: the fake backend with ``devices_dir/<node>.yaml``, /healthz and /metrics on its
-      pod IP (fake-cri's pods share one network namespace), the driver root ``driver_root``.
-    - ``config``: the webhook's config (default: the built-in one with ``driver_root`` as the
-      Iluvatar driver's hostPath); the plugin runs seed 004's ix-config.
-    """
-    if config is None:
-        config = yaml.safe_load(ix_gpu("config", "default", check=True).stdout)
-        for profile in config["profiles"]:
-            for volume in profile["volumes"]:
-                if volume["hostPath"] == "/usr/local/corex":
-                    volume["hostPath"] = str(driver_root)
-    port = urllib.parse.urlsplit(api_url).port
-    api_env = [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": str(port)},
-    ]
-    return {
-        "config": config,
-        "webhook": {
-            "replicas": 1,
-            "hostNetwork": True,
-            "port": webhook_port,
-            "extraEnv": api_env,
-        },
-        "plugin": {
-            "config": yaml.safe_load(SEED_004_CONFIG),
-            "driver": {"root": str(driver_root)},
-            "extraEnv": [
-                *api_env,
-                {"name": "IX_GPU_BACKEND", "value": "fake"},
-                {"name": "IX_GPU_FAKE_DEVICES", "value": f"{devices_dir}/$(NODE_NAME).yaml"},
-                {"name": "IX_GPU_METRICS_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            ],
-        },
-        "tests": {"extraEnv": api_env},
-    }
-
-
-def real_node_chart_values(images: Images, scenario: bool = False) -> dict[str, Any]:
-    """Values for charts/ix-gpu on the real-node cluster: the image built here and the nodes'
-    driver root (``plugin.driver.root`` and the Iluvatar profile's hostPath), which any cluster
-    whose image or driver lives elsewhere sets too; nothing else. ``scenario``: also the
-    Iluvatar plugin's ConfigMap (8 GPUs a node) and the tf-operator discussion's NVIDIA profile
-    with its privileged namespace, as the tests install it."""
-    config: dict[str, Any] = yaml.safe_load(ix_gpu("config", "default", check=True).stdout)
-    (iluvatar,) = [p for p in config["profiles"] if p["name"] == "iluvatar"]
-    for volume in iluvatar["volumes"]:
-        if volume["hostPath"] == "/usr/local/corex":
-            volume["hostPath"] = real_nodes.DRIVER_ROOT
-    values: dict[str, Any] = {
-        "image": {"repository": images.project_repository, "tag": images.project_tag},
-        "plugin": {"driver": {"root": real_nodes.DRIVER_ROOT}},
-        "config": {"profiles": config["profiles"]},
-    }
-    if scenario:
-        seed = load_yaml(EXAMPLES / "seed-config.yaml")
-        # Privileged where the policy allows it, so the TFJob example's GPU worker in ml-team gets it.
-        values["config"]["profiles"] = [{**iluvatar, "privileged": "allowed"}, *seed["profiles"]]
-        values["config"]["policy"] = {
-            **config["policy"],
-            **{"privilegedNamespaces": seed["policy"]["privilegedNamespaces"]},
-        }
-        values["plugin"]["config"] = yaml.safe_load(SEED_004_CONFIG)
-    return values
-
-
-def write_chart_inputs(work_dir: Path, nodes: tuple[NodeSpec, ...]) -> tuple[Path, Path]:
-    """Each node's fake devices file (``work_dir/fake-devices/<node>.yaml``) and a driver root
-    with a ``lib64`` (``work_dir/corex``): what :func:`chart_values` points the chart at."""
-    devices, driver_root = work_dir / "fake-devices", work_dir / "corex"
-    devices.mkdir(parents=True, exist_ok=True)
-    (driver_root / "lib64").mkdir(parents=True, exist_ok=True)
-    for spec in nodes:
-        (devices / f"{spec.name}.yaml").write_text(spec.devices)
-    return devices, driver_root
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def serve(
-    work_dir: Path,
-    plugin_config: str | None,
-    webhook: bool = False,
-    plugin_mode: str = "process",
-    node_ip: str = "127.0.0.1",
-    runtime: str = "fake-cri",
-) -> int:
-    """The supervisor: start the cluster, record it, hold it until SIGTERM/SIGINT, then stop it."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster = MiniCluster(
-        work_dir,
-        nodes=node_specs(CLI_CIDR_OCTET),
-        plugin_config=plugin_config,
-        plugin_mode=plugin_mode,
-        node_ip=node_ip,
-        runtime=runtime,
-    )
-    state: dict[str, Any] = {"supervisor": os.getpid(), "status": "starting", "runtime": runtime}
-    _write_state(work_dir, state)
-    try:
-        cluster.start()
-        if webhook:
-            cluster.install_webhook()
-    except BaseException as err:  # reported to `up` through the state file
-        _write_state(work_dir, {**state, "status": "failed", "error": f"{type(err).__name__}: {err}"})
-        return 1
-    _write_state(work_dir, {**state, **cluster.state(), "status": "running"})
-    try:
-        while not stop.wait(2):
-            dead = [name for name, p in cluster.processes().items() if not p.alive()]
-            if dead:
-                _write_state(work_dir, {**state, **cluster.state(), "status": "running", "exited": dead})
-    finally:
-        _write_state(work_dir, {**state, **cluster.state(), "status": "stopping"})
-        cluster.stop()
-        _write_state(work_dir, {**state, "status": "stopped"})
-    return 0
-
-
-def up(
-    work_dir: Path,
-    plugin_config: str | None,
-    timeout_s: float,
-    webhook: bool = False,
-    plugin_mode: str = "process",
-    node_ip: str = "127.0.0.1",
-    runtime: str = "fake-cri",
-) -> int:
-    state = _read_state(work_dir)
-    if state and state.get("status") in ("starting", "running") and _alive(int(state["supervisor"])):
-        print(f"a cluster already runs from {work_dir} (supervisor {state['supervisor']})", file=sys.stderr)
-        if state.get("kubeconfig"):
-            print(state["kubeconfig"])
-        return 1
-    work_dir.mkdir(parents=True, exist_ok=True)
-    _state_path(work_dir).unlink(missing_ok=True)
-    args = [sys.executable, "-m", "tests.k8s.cluster", "serve", "--dir", str(work_dir)]
-    config_file = None
-    if plugin_config is not None:
-        config_file = work_dir / "ix-config"
-        config_file.write_text(plugin_config)
-        args += ["--plugin-config", str(config_file)]
-    else:
-        args.append("--no-plugins")
-    if webhook:
-        args.append("--webhook")
-    args += ["--plugin-mode", plugin_mode, "--node-ip", node_ip, "--runtime", runtime]
-    (work_dir / "logs").mkdir(parents=True, exist_ok=True)
-    with open(work_dir / "logs" / "supervisor.log", "ab") as log:
-        supervisor = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # detached: survives this command and the terminal's signals
-            cwd=Path(__file__).resolve().parents[2],
-        )
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        state = _read_state(work_dir) or {}
-        if state.get("status") == "running":
-            print(
-                f"mini cluster {state['version']} up in {time.monotonic() - start:.1f}s: "
-                f"apiserver {state['apiserver']}, logs {state['logs']}",
-                file=sys.stderr,
-            )
-            print(f"  export KUBECONFIG={state['kubeconfig']}; kubectl get nodes", file=sys.stderr)
-            print(f"  stop: {sys.executable} -m tests.k8s.cluster down --dir {work_dir}", file=sys.stderr)
-            print(state["kubeconfig"])
-            return 0
-        if state.get("status") == "failed" or supervisor.poll() is not None:
-            supervisor.wait(60)
-            print(
-                f"the cluster did not start: {state.get('error')}; logs in {work_dir / 'logs'}",
-                file=sys.stderr,
-            )
-            return 1
-        time.sleep(0.25)
-    print(f"the cluster did not start within {timeout_s:g}s; logs in {work_dir / 'logs'}", file=sys.stderr)
-    down(work_dir)
-    return 1
-
-
-def down(work_dir: Path) -> int:
-    state = _read_state(work_dir)
-    if state is None:
-        print(f"no cluster in {work_dir}", file=sys.stderr)
-        return 0
-    supervisor = int(state.get("supervisor", 0))
-    if supervisor and _alive(supervisor):
-        os.kill(supervisor, signal.SIGTERM)
-        deadline = time.monotonic() + 90
-        while _alive(supervisor) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    # Whatever the supervisor left (it died, or did not finish in time): the recorded processes.
-    for pid in state.get("pids", {}).values():
-        if _alive(int(pid)):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-    for path in [*state.get("node_roots", {}).values(), state.get("etcd_data")]:
-        if path:
-            shutil.rmtree(path, ignore_errors=True)
-    if state.get("runtime") == "containerd":  # namespaces, links, iptables, cgroups, shims
-        real_nodes.cleanup(kube_proxy=Path(state["kube_proxy"]) if state.get("kube_proxy") else None)
-    shutil.rmtree(work_dir, ignore_errors=True)
-    print(f"mini cluster in {work_dir} stopped", file=sys.stderr)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.k8s.cluster", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("up", "start the cluster (detached); prints the kubeconfig path"),
-        ("down", "stop the cluster and remove DIR"),
-        ("status", "print DIR/state.json"),
-        ("chart-values", "print values for `helm install` of charts/ix-gpu on this cluster"),
-        ("serve", "the supervisor that `up` starts (foreground)"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"state, logs (default {DEFAULT_DIR})")
-        if name in ("up", "serve"):
-            p.add_argument("--plugin-config", type=Path, help="the plugins' ix-config (default: seed 004's)")
-            p.add_argument("--no-plugins", action="store_true", help="start no device plugin")
-            p.add_argument(
-                "--webhook",
-                action="store_true",
-                help="also run `ix-gpu webhook`, registered through a Service",
-            )
-            p.add_argument(
-                "--plugin-mode",
-                choices=("process", "daemonset"),
-                default="process",
-                help="the plugin as a host process per node, or as DaemonSet pods (run by the kubelets)",
-            )
-            p.add_argument(
-                "--runtime",
-                choices=("fake-cri", "containerd"),
-                default="fake-cri",
-                help="fake-cri: pods are host processes, each node runs the plugin (the fast tier); "
-                "containerd: real containers on real nodes with CNI and kube-proxy, no ix-gpu component "
-                "(`helm install` with the values `chart-values` prints)",
-            )
-            p.add_argument(
-                "--node-ip",
-                default="127.0.0.1",
-                help="the kubelets' address and the Nodes' InternalIP; `host`: this machine's first global "
-                "IPv4 address, so hostNetwork pods can be Service endpoints (the kubelets then allow "
-                "anonymous requests on it)",
-            )
-        if name == "up":
-            p.add_argument("--timeout", type=float, default=300, help="seconds to wait for the cluster")
-    args = parser.parse_args(argv)
-    work_dir: Path = args.dir.resolve()
-    if args.command in ("up", "serve"):
-        config = (
-            None
-            if args.no_plugins or args.runtime == "containerd"
-            else (args.plugin_config.read_text() if args.plugin_config else SEED_004_CONFIG)
-        )
-        if args.runtime == "containerd" and (args.webhook or args.plugin_config):
-            parser.error("--runtime containerd starts no ix-gpu component: the chart installs them")
-        node_ip = args.node_ip
-        if node_ip == "host":
-            node_ip = host_address()
-            if node_ip is None:
-                parser.error("--node-ip host: this machine has no global IPv4 address")
-        if args.command == "up":
-            return up(work_dir, config, args.timeout, args.webhook, args.plugin_mode, node_ip, args.runtime)
-        return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip, args.runtime)
-    if args.command == "down":
-        return down(work_dir)
-    state = _read_state(work_dir)
-    if args.command == "chart-values":
-        if not state or state.get("status") != "running":
-            print(f"no running cluster in {work_dir}", file=sys.stderr)
-            return 1
-        if state.get("runtime") == "containerd":
-            images = Images(
-                **{k: Path(v) if k.endswith("archive") else v for k, v in state["images"].items()}
-            )
-            print(yaml.safe_dump(real_node_chart_values(images), sort_keys=False), end="")
-            return 0
-        devices, driver_root = write_chart_inputs(work_dir, node_specs(CLI_CIDR_OCTET))
-        values = chart_values(str(state["apiserver"]), devices, driver_root, free_port())
-        print(yaml.safe_dump(values, sort_keys=False), end="")
-        return 0
-    print(json.dumps(state, indent=1))
-    return 0
-
-
 if __name__ == "__main__":
+    # ``python -m tests.k8s.cluster up|down|serve|status|chart-values`` is the documented entry point.
+    from tests.k8s.cluster_cli import main
+
     sys.exit(main())

@@ -47,7 +47,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.k8s.cluster import MiniCluster, chart_values, host_address, node_specs, write_chart_inputs
+from tests.k8s.chart_values import chart_values, write_chart_inputs
+from tests.k8s.cluster import MiniCluster, host_address, node_specs
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd, kubeflow_tfjob_crd
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
