@@ -23,6 +23,7 @@ from ix_gpu.config.webhook_config import load_config
 from ix_gpu.config.yaml_input import load_yaml, load_yaml_documents
 from ix_gpu.plugin.backends.fake_devices import FakeDevices, parse_fake_devices
 from tests.support.paths import EXAMPLES
+from tests.support.yaml_bombs import laughs
 
 LOADERS = ["libyaml", "python"] if yaml.__with_libyaml__ else ["python"]
 
@@ -123,14 +124,6 @@ def test_distinct_keys_and_merge_overrides_are_not_duplicates() -> None:
 
 
 # --- aliases --------------------------------------------------------------------------------------
-
-
-def laughs(levels: int = 9, width: int = 9, indent: str = "") -> str:
-    lines = [f'{indent}l0: &l0 ["lol"]']
-    for level in range(1, levels + 1):
-        refs = ", ".join([f"*l{level - 1}"] * width)
-        lines.append(f"{indent}l{level}: &l{level} [{refs}]")
-    return "\n".join(lines) + "\n"
 
 
 def test_alias_bomb_is_refused_in_milliseconds() -> None:

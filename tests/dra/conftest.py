@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,17 +10,15 @@ import pytest
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.fake_resource_api import FakeResourceApi, serving
+from tests.support.files import short_tmp_dir
 from tests.support.paths import FAKE_DEVICES
 
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
-    path = Path(tempfile.mkdtemp(prefix="ixdra", dir="/tmp"))
-    try:
+    with short_tmp_dir("ixdra") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, KubeletNode, start_kubelet_node
-from tests.k8s.plugin_process import RESOURCE, devices_yaml, seed_config
+from tests.k8s.plugin_inputs import RESOURCE, devices_yaml, seed_config
+from tests.k8s.pods import get_pod
 from tests.support.plugin_process import PluginProcess
 from tests.support.waiting import wait_until
 
@@ -81,11 +82,6 @@ def create(api: KubeAPI, path: str, body: dict[str, Any]) -> dict[str, Any]:
     assert status == 201, reply
     assert isinstance(reply, dict)
     return reply
-
-
-def get_pod(api: KubeAPI, namespace: str, name: str) -> dict[str, Any] | None:
-    status, pod = api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-    return pod if status == 200 and isinstance(pod, dict) else None
 
 
 def wait_phase(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, KubeletNode, start_kubelet_node
-from tests.k8s.plugin_process import RESOURCE, devices_yaml, seed_config
+from tests.k8s.plugin_inputs import RESOURCE, devices_yaml, seed_config
 from tests.support.cli import ix_gpu_process
 from tests.support.processes import Process
 from tests.support.waiting import wait_until

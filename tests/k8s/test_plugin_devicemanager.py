@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from tests.k8s.k8s_tier import KubeletHarness
-from tests.k8s.plugin_process import RESOURCE, chip_uuids, devices_yaml, example_devices, poll, seed_config
+from tests.k8s.plugin_inputs import RESOURCE, chip_uuids, devices_yaml, example_devices, poll, seed_config
 from tests.support.paths import ROOT
 from tests.support.plugin_process import PluginProcess
 from tests.support.waiting import wait_until

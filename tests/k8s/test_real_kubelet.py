@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, KubeletNode, start_kubelet_node, unix_socket_ready
-from tests.k8s.plugin_process import RESOURCE, devices_yaml, seed_config
+from tests.k8s.plugin_inputs import RESOURCE, devices_yaml, seed_config
 from tests.support.plugin_process import PluginProcess
 from tests.support.processes import tail
 from tests.support.waiting import wait_until

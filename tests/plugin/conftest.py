@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.files import short_tmp_dir
 from tests.support.paths import FAKE_DEVICES
 
 
@@ -16,11 +16,8 @@ from tests.support.paths import FAKE_DEVICES
 def short_tmp() -> Iterator[Path]:
     """A temp dir with a short path: unix socket paths are limited to 107 bytes, and pytest's
     tmp_path under a long test name can exceed that."""
-    path = Path(tempfile.mkdtemp(prefix="ixdp", dir="/tmp"))
-    try:
+    with short_tmp_dir("ixdp") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

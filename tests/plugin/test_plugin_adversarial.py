@@ -37,12 +37,12 @@ from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy, RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
 from ix_gpu.plugin.devices.device_list import Device, DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
+from tests.support.chips import chips
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,23 +52,6 @@ SHORT = 512
 FAST = 5.0
 """Seconds a hostile request may take. Generous for slow CI: the fixed code needs well under 0.5 s,
 the quadratic code it replaces needed minutes for the same inputs."""
-
-
-def chips(boards: int, per_board: int = 2, numa_of: Sequence[int | None] = (0, 0, 1, 1)) -> list[Chip]:
-    return [
-        Chip(
-            f"C{b * per_board + p}",
-            b * per_board + p,
-            b * per_board + p,
-            f"b{b}",
-            p,
-            "BI-V150",
-            32768,
-            numa_of[b % len(numa_of)],
-        )
-        for b in range(boards)
-        for p in range(per_board)
-    ]
 
 
 CONFIG = parse_plugin_config({}).runtime()

@@ -7,20 +7,9 @@ import pytest
 from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
-from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
 from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
-
-
-def chips(boards: int, per_board: int = 2, numa_of: tuple[int, ...] = (0, 0, 1, 1)) -> list[Chip]:
-    out = []
-    for b in range(boards):
-        for p in range(per_board):
-            minor = b * per_board + p
-            out.append(
-                Chip(f"C{minor}", minor, minor, f"b{b}", p, "BI-V150", 32768, numa_of[b % len(numa_of)])
-            )
-    return out
+from tests.support.chips import chips
 
 
 def ids(devices: DeviceList) -> list[str]:

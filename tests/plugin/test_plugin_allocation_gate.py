@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
-from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
-from ix_gpu.plugin.backends.fake import FakeBackend
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate, count_slice_devices
-from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.app import PluginApp
 from ix_gpu.plugin.server.node_config import NodeLabelReader
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving
 from tests.plugin.kubelet_fake import FakeKubelet
-from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
+from tests.plugin.test_plugin_kubelet import plugin_and_kubelet
 from tests.support.cli import ix_gpu
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,25 +58,9 @@ def dra_slice(fake: FakeResourceApi, node: str, devices: int, driver: str = DRIV
 async def plugin(
     base: Path, devices_file: Path, api: ApiServer, dra_driver: str | None
 ) -> AsyncIterator[tuple[PluginApp, FakeKubelet]]:
-    directory = base / "dp"
-    directory.mkdir(exist_ok=True)
-    config_path = write_config(base, FAST_HEALTH)
-    kubelet = FakeKubelet(directory)
-    await kubelet.start()
     gate = DevicePluginGate(NodeLabelReader(api, NODE, interval=0.05), dra_driver)
-    app = PluginApp(
-        PluginSettings(device_plugin_dir=directory, config_path=config_path, allocation=gate),
-        load_plugin_config(config_path).runtime(),
-        FakeBackend(devices_file),
-    )
-    task = asyncio.create_task(app.run())
-    try:
-        await kubelet.wait_for(lambda: kubelet.updates, what="first ListAndWatch update")
-        yield app, kubelet
-    finally:
-        app.request_stop("test finished")
-        await asyncio.wait_for(task, 10)
-        await kubelet.stop()
+    async with plugin_and_kubelet(base, devices_file, allocation=gate) as running:
+        yield running
 
 
 def advertised(kubelet: FakeKubelet) -> int:

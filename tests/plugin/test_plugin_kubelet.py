@@ -22,6 +22,7 @@ from h2.connection import H2Connection
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 from ix_gpu.plugin.server.registration import CLOSED_STREAMS_KEPT
 from tests.plugin.kubelet_fake import FakeKubelet
@@ -38,15 +39,17 @@ def run(coro_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 @contextlib.asynccontextmanager
 async def plugin_and_kubelet(
-    base: Path, devices_file: Path, config_text: str = ""
+    base: Path, devices_file: Path, config_text: str = "", allocation: DevicePluginGate | None = None
 ) -> AsyncIterator[tuple[PluginApp, FakeKubelet]]:
+    """The plugin serving ``devices_file`` to a fake kubelet, until the first ListAndWatch update;
+    ``allocation`` decides whether it may advertise (default: always)."""
     directory = base / "dp"
     directory.mkdir(exist_ok=True)
     config_path = write_config(base, FAST_HEALTH + config_text)
     kubelet = FakeKubelet(directory)
     await kubelet.start()
     app = PluginApp(
-        PluginSettings(device_plugin_dir=directory, config_path=config_path),
+        PluginSettings(device_plugin_dir=directory, config_path=config_path, allocation=allocation),
         load_plugin_config(config_path).runtime(),
         FakeBackend(devices_file),
     )

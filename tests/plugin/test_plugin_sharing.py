@@ -11,12 +11,12 @@ import pytest
 from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
-from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.devices.allocation import REPLICA_DEVICES_ENV, AllocationError, allocate_container
 from ix_gpu.plugin.devices.device_list import build_device_list
 from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
 from tests.plugin.plugin_testkit import FAST_HEALTH
 from tests.plugin.test_plugin_kubelet import UUID, allocate, plugin_and_kubelet, run
+from tests.support.chips import chips
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,16 +125,15 @@ def test_config_notices_are_in_the_plan() -> None:
 # --------------------------------------------------------------------------- the device list
 
 
-def chips(boards: int) -> list[Chip]:
-    """``boards`` two-chip boards; chip i has index i, UUID C<i>, board b<i // 2>."""
-    return [Chip(f"C{i}", i, i, f"b{i // 2}", i % 2, "BI-V150", 32768, 0) for i in range(boards * 2)]
-
-
 def devices_for(doc: dict[str, object], *, splitboard: bool, boards: int = 2) -> list[str]:
     p = plan(doc)
     return list(
         build_device_list(
-            chips(boards), splitboard=splitboard, replicas=p.replicas, shared=p.devices, key=p.key
+            chips(boards, numa_of=(0,)),
+            splitboard=splitboard,
+            replicas=p.replicas,
+            shared=p.devices,
+            key=p.key,
         ).ids
     )
 

@@ -56,7 +56,7 @@ from tests.support.adversarial import (
     build_corpus,
 )
 from tests.support.https_client import KeepAlive, NoAnswer, connect_tls, read_response, request_head
-from tests.support.monitors import HealthProber, MiB, RssSampler
+from tests.support.monitors import HealthProber, MiB, RssSampler, percentile
 from tests.support.webhook_process import WebhookProcess
 
 MINIMUM_REVIEWS = 20_000
@@ -251,11 +251,6 @@ def _examples(problems: list[tuple[str, str]], per_kind: int = 1, most: int = 40
     return "\n".join(line[:400] for line in lines[:most])
 
 
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))] if ordered else 0.0
-
-
 def _in_flight(cases: list[Case], outcomes: list[Outcome], start: float, end: float) -> str:
     """The categories (with body sizes) of requests that overlapped [start, end] (wall clock)."""
     overlapping = collections.Counter(
@@ -276,7 +271,7 @@ def _report(
     metrics: dict[str, float],
 ) -> str:
     seconds = [o.seconds for o in outcomes if o.error is None]
-    p50, p99 = _percentile(seconds, 0.5) * 1000, _percentile(seconds, 0.99) * 1000
+    p50, p99 = percentile(seconds, 0.5) * 1000, percentile(seconds, 0.99) * 1000
     statuses = collections.Counter(o.status for o in outcomes)
     busy = collections.Counter(
         "budget" if b"budget" in o.body else "in flight" if b"in flight" in o.body else "other"

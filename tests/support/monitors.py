@@ -193,7 +193,8 @@ class HealthProber:
         )
 
 
-def _percentile(values: list[float], fraction: float) -> float:
+def percentile(values: list[float], fraction: float) -> float:
+    """The value at ``fraction`` of the sorted ``values`` (nearest rank, no interpolation); 0 for none."""
     if not values:
         return 0.0
     ordered = sorted(values)
@@ -250,8 +251,8 @@ def _probe_main(url: str, ca_file: str, interval: float, slow: float) -> None:
         "count": len(latencies),
         "failures": failures,
         "max": max(latencies, default=0.0),
-        "p50": _percentile(latencies, 0.5),
-        "p99": _percentile(latencies, 0.99),
+        "p50": percentile(latencies, 0.5),
+        "p99": percentile(latencies, 0.99),
         "slow": slow_probes,
     }
     print(json.dumps(result), flush=True)

@@ -19,6 +19,7 @@ from ix_gpu.webhook import mutate_command
 from ix_gpu.webhook.mutate_command import MutateOptions, run_mutate
 from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES
+from tests.support.yaml_bombs import laughs
 
 GPU_POD = (EXAMPLES / "gpu-pod.yaml").read_text()
 
@@ -31,19 +32,10 @@ def assert_one_line_error(result: Any, code: int = 2) -> str:
     return str(lines[0])
 
 
-def laughs(indent: str, levels: int = 9) -> str:
-    """A billion-laughs block (9**9 strings once expanded) as YAML lines at ``indent``."""
-    out = [f'{indent}l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
-    for level in range(1, levels + 1):
-        refs = ", ".join([f"*l{level - 1}"] * 9)
-        out.append(f"{indent}l{level}: &l{level} [{refs}]")
-    return "\n".join(out) + "\n"
-
-
 BOMB_IN_TOLERATION = (
     GPU_POD
     + "  tolerations:\n  - key: example.com/bomb\n    operator: Exists\n    bomb:\n"
-    + laughs("      ")
+    + laughs(indent="      ", leaves=9)
 )
 BOMB_IN_SAME_NAME_VOLUME = (
     GPU_POD.replace(
@@ -51,7 +43,7 @@ BOMB_IN_SAME_NAME_VOLUME = (
         "    volumeMounts: [{name: ix-gpu-iluvatar-driver, mountPath: /x}]\n    resources:\n",
     )
     + "  volumes:\n  - name: ix-gpu-iluvatar-driver\n    hostPath:\n      path: /usr/local/corex\n    bomb:\n"
-    + laughs("      ")
+    + laughs(indent="      ", leaves=9)
 )
 
 
@@ -183,7 +175,9 @@ def test_config_validate_on_binary_garbage(tmp_path: Path, content: bytes) -> No
 
 def test_config_validate_limits(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text("apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\nx:\n" + laughs("  "))
+    bomb.write_text(
+        "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\nx:\n" + laughs(indent="  ", leaves=9)
+    )
     assert "refused" in assert_one_line_error(ix_gpu("config", "validate", str(bomb)))
     deep = tmp_path / "deep.yaml"
     deep.write_text("policy: " + "[" * 10_000 + "]" * 10_000)
