@@ -7,13 +7,11 @@ encoded by hand from those numbers, independent of our field names.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import pluginregistration_v1_pb2 as reg
-from tests.support.paths import ROOT
+from tests.support.generated_code import stale_generated
 
 API = Path("ix_gpu", "dra", "api")
 GENERATED = tuple(
@@ -24,15 +22,7 @@ GENERATED = tuple(
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
-    subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gen_proto.sh"), str(tmp_path)],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-    )
-    stale = [
-        name for name in GENERATED if (tmp_path / API / name).read_bytes() != (ROOT / API / name).read_bytes()
-    ]
+    stale = stale_generated(tmp_path, API, GENERATED)
     assert not stale, f"stale generated code, run scripts/gen_proto.sh: {stale}"
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
-from tests.support.paths import ROOT
+from tests.support.generated_code import stale_generated
 
 API = Path("ix_gpu", "plugin", "api")
 GENERATED = (
@@ -19,15 +17,7 @@ GENERATED = (
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
-    subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gen_proto.sh"), str(tmp_path)],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-    )
-    stale = [
-        name for name in GENERATED if (tmp_path / API / name).read_bytes() != (ROOT / API / name).read_bytes()
-    ]
+    stale = stale_generated(tmp_path, API, GENERATED)
     assert not stale, f"stale generated code, run scripts/gen_proto.sh: {stale}"
 
 
