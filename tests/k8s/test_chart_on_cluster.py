@@ -36,7 +36,6 @@ import collections
 import copy
 import dataclasses
 import json
-import os
 import secrets
 import subprocess
 import time
@@ -51,6 +50,7 @@ from tests.k8s.chart_values import chart_values, write_chart_inputs
 from tests.k8s.cluster import MiniCluster, host_address, node_specs
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd, kubeflow_tfjob_crd
+from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
 from tests.k8s.pods import (
     COREX_SCRIPT,
@@ -111,19 +111,13 @@ class Release:
         return self.cluster.api
 
     def helm(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.cluster.kubeconfig),
-            **{f"HELM_{d}_HOME": str(self.work / f"helm-{d.lower()}") for d in ("CACHE", "CONFIG", "DATA")},
-        }
-        argv = [str(self.helm_binary), *args, "--namespace", NAMESPACE]
-        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+        return run_helm(
+            self.helm_binary, self.cluster.kubeconfig, self.work, NAMESPACE, *args, timeout=timeout
+        )
 
     def values_file(self) -> Path:
         self.upgrades += 1
-        path = self.work / f"values-{self.upgrades}.yaml"
-        path.write_text(yaml.safe_dump(self.values, sort_keys=False))
-        return path
+        return write_values(self.work, self.values, self.upgrades)
 
     def webhook_pods(self) -> list[dict[str, Any]]:
         pods: list[dict[str, Any]] = request_ok(self.api, "GET", WEBHOOK_PODS)["items"]

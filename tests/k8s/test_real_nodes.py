@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.k8s import training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
+from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import REAL_NODES, RealNode, leftovers
@@ -103,19 +103,13 @@ class Release:
         return f"{self.values['image']['repository']}:{self.values['image']['tag']}"
 
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.cluster.kubeconfig),
-            **{f"HELM_{d}_HOME": str(self.work / f"helm-{d.lower()}") for d in ("CACHE", "CONFIG", "DATA")},
-        }
-        argv = [str(self.helm_binary), *args, "--namespace", NAMESPACE]
-        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+        return run_helm(
+            self.helm_binary, self.cluster.kubeconfig, self.work, NAMESPACE, *args, timeout=timeout
+        )
 
     def values_file(self) -> Path:
         self.revision += 1
-        path = self.work / f"values-{self.revision}.yaml"
-        path.write_text(yaml.safe_dump(self.values, sort_keys=False))
-        return path
+        return write_values(self.work, self.values, self.revision)
 
     def pods(self, component: str) -> list[dict[str, Any]]:
         path = f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3D{component}"
