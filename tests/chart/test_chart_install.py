@@ -322,6 +322,12 @@ def test_install_mutates_gpu_pods_with_the_charts_rbac_and_upgrade_keeps_the_ca(
             ("", "secrets", "get", (SECRET,)),
             ("", "secrets", "update", (SECRET,)),
             ("", "secrets", "create", ()),
+            # The claim caches: which DeviceClass a DRA pod's claims ask for (the default config maps
+            # gpu.iluvatar.com to the Iluvatar profile).
+            ("resource.k8s.io", "resourceclaims", "list", ()),
+            ("resource.k8s.io", "resourceclaims", "watch", ()),
+            ("resource.k8s.io", "resourceclaimtemplates", "list", ()),
+            ("resource.k8s.io", "resourceclaimtemplates", "watch", ()),
         }
         # Backend and self-review rules every authenticated user has (system:basic-user etc.).
         baseline = {
