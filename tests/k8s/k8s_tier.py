@@ -615,6 +615,8 @@ def kubelet_node_config(port: int, healthz_port: int, cri_socket: Path, root: Pa
         "failSwapOn": False,
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
+        # In the host's network namespace: no KUBE-FIREWALL, canary or hint chains on the host.
+        "makeIPTablesUtilChains": False,
         "cgroupsPerQOS": False,
         "enforceNodeAllocatable": [],
         "podLogsDir": str(root / "pod-logs"),

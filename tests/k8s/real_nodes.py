@@ -183,10 +183,16 @@ def kube_chains() -> list[tuple[str, str, str]]:
     return found
 
 
-def remove_kube_chains() -> None:
+HOST_CHAINS_BEFORE = TIER_ROOT / "host-kube-chains.json"
+"""The host's KUBE-* rules and chains before the cluster started (another kubelet's or kube-proxy's
+on this machine), which cleanup leaves in place."""
+
+
+def remove_kube_chains(keep: Sequence[tuple[str, str, str]] = ()) -> None:
     """Remove what ``kube-proxy --cleanup`` leaves on the host: KUBE-FIREWALL, which it shares with
-    the kubelet and so never deletes, with the jumps to it."""
-    rules = kube_chains()
+    the kubelet and so never deletes, with the jumps to it; nothing of ``keep``."""
+    kept = {tuple(rule) for rule in keep}
+    rules = [rule for rule in kube_chains() if rule not in kept]
     for command, table, line in rules:
         if line.startswith("-A "):
             _quiet([command, "-w", "-t", table, "-D", *line.split()[1:]])
@@ -648,9 +654,13 @@ def wait_node_ready(node: RealNode, timeout_s: float = 120.0) -> None:
 # --------------------------------------------------------------------------- checks
 
 
-def leftovers(nodes: Sequence[RealNodeSpec] = REAL_NODES) -> list[str]:
+def leftovers(
+    nodes: Sequence[RealNodeSpec] = REAL_NODES, keep: Sequence[tuple[str, str, str]] = ()
+) -> list[str]:
     """What of a real-node cluster still exists on this machine: processes, network namespaces,
-    links, iptables chains, cgroups, mounts, directories. Empty after a clean ``down``."""
+    links, iptables chains (but the KUBE-* rules of ``keep``, there before it), cgroups, mounts,
+    directories. Empty after a clean ``down``."""
+    kept = {tuple(rule) for rule in keep}
     found: list[str] = []
     for needle in ("containerd-shim", str(TIER_ROOT), "kube-proxy-ix", "--config=/var/lib/ix-gpu-tier"):
         for pid in processes_matching(needle):
@@ -666,7 +676,11 @@ def leftovers(nodes: Sequence[RealNodeSpec] = REAL_NODES) -> list[str]:
                 found.append(f"cgroup {hierarchy / spec.netns}")
     if Path(f"/sys/class/net/{HOST_BRIDGE}").exists():
         found.append(f"bridge {HOST_BRIDGE}")
-    found += [f"{command} -t {table}: {line}" for command, table, line in kube_chains()]
+    found += [
+        f"{command} -t {table}: {line}"
+        for command, table, line in kube_chains()
+        if (command, table, line) not in kept
+    ]
     rules = run(["iptables", "-w", "-S"], check=False)
     found += [f"iptables: {line}" for line in rules.splitlines() if FILTER_CHAIN in line]
     for line in Path("/proc/self/mounts").read_text().splitlines():
@@ -757,6 +771,8 @@ class RealNodes:
     def prepare(self) -> Images:
         self.images = build_images()
         self._created_mount_points = ensure_mount_points()
+        TIER_ROOT.mkdir(parents=True, exist_ok=True)
+        HOST_CHAINS_BEFORE.write_text(json.dumps(kube_chains()))
         setup_host_network(self.specs)
         return self.images
 
@@ -804,8 +820,11 @@ def cleanup(specs: Sequence[RealNodeSpec] = REAL_NODES, kube_proxy: Path | None 
         remove_cgroup_root(spec.netns)
         _quiet(["ip", "route", "del", spec.pod_cidr])
     kill_all(processes_matching(f"--config={TIER_ROOT}/kube-proxy-"))
+    before: list[tuple[str, str, str]] = []
+    with contextlib.suppress(OSError, ValueError):
+        before = [tuple(rule) for rule in json.loads(HOST_CHAINS_BEFORE.read_text())]  # type: ignore[misc]
     if kube_proxy is not None and kube_proxy.exists():
         _quiet([str(kube_proxy), "--cleanup"])  # its chains in the host's iptables
-    remove_kube_chains()
+    remove_kube_chains(keep=before)
     teardown_host_network(specs)
     shutil.rmtree(TIER_ROOT, ignore_errors=True)

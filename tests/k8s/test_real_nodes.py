@@ -41,7 +41,7 @@ from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
-from tests.k8s.real_nodes import REAL_NODES, RealNode, leftovers
+from tests.k8s.real_nodes import REAL_NODES, RealNode, kube_chains, leftovers
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
@@ -158,7 +158,9 @@ def release(
         pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
     if os.geteuid() != 0:
         pytest.skip("real nodes need root (namespaces, cgroups, iptables)")
-    stale = leftovers()
+    # KUBE-* rules already on the host are another kubelet's or kube-proxy's, not ours to judge.
+    host_chains = kube_chains()
+    stale = leftovers(keep=host_chains)
     assert not stale, f"a real-node cluster is already on this machine: {stale}"
     helm = build_helm()
     work = tmp_path_factory.mktemp("real-nodes")
@@ -175,7 +177,7 @@ def release(
         values = real_node_chart_values(mini.real_nodes.images, scenario=True)
         installed = Release(mini, helm, work, values)
         yield installed
-    assert leftovers() == [], "the real-node cluster left things behind"
+    assert leftovers(keep=host_chains) == [], "the real-node cluster left things behind"
 
 
 # --------------------------------------------------------------------------- the image
