@@ -45,6 +45,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -490,11 +491,10 @@ class RealNode:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def close(self) -> None:
+        # The node's iptables rules go with its network namespace: nothing to clean after kube-proxy.
         for process in (self.kube_proxy, self.kubelet):
             if process is not None:
                 process.stop(grace_s=5)
-        if self.kube_proxy is not None:
-            pass  # the node's iptables go with its network namespace
         if self.containerd is not None:
             self.containerd.stop(grace_s=5)
         # Shims and containers outlive containerd by design: kill them by socket and by cgroup.
@@ -637,6 +637,14 @@ def start_real_node(
         node.close()
         raise
     return node
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def wait_node_ready(node: RealNode, timeout_s: float = 120.0) -> None:
@@ -793,6 +801,21 @@ class RealNodes:
             )
         for node in self.nodes.values():
             wait_node_ready(node)
+        # Every kube-proxy has synced its rules: until the control plane's has, the apiserver's calls
+        # to a webhook's ClusterIP are refused (it first waits 30 s for a Node of its name, which
+        # the control plane does not have).
+        proxies = [(HOST_ADDRESS, self.host_proxy)] + [
+            (n.spec.address, n.kube_proxy) for n in self.nodes.values()
+        ]
+        for address, process in proxies:
+            assert process is not None
+            wait_until(
+                lambda address=address: _http_ok(f"http://{address}:{KUBE_PROXY_PORTS[1]}/healthz"),
+                f"kube-proxy on {address} synced",
+                90,
+                interval=0.5,
+                process=process,
+            )
         return self.nodes
 
     def close(self) -> None:
