@@ -639,12 +639,17 @@ def start_real_node(
     return node
 
 
-def _http_ok(url: str) -> bool:
+def kube_proxy_synced(address: str) -> bool:
+    """Whether the kube-proxy on ``address`` has written its IPv4 rules at least once: /livez's
+    per-family ``lastUpdated`` is set by a finished sync (/healthz would also want a Node of the
+    proxy's name, which the control plane's lacks)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
+        with urllib.request.urlopen(f"http://{address}:{KUBE_PROXY_PORTS[1]}/livez", timeout=2) as response:
+            health = json.loads(response.read())
+    except (OSError, ValueError):
         return False
+    updated = str((health.get("status") or {}).get("IPv4", {}).get("lastUpdated", ""))
+    return bool(updated) and not updated.startswith("0001-")
 
 
 def wait_node_ready(node: RealNode, timeout_s: float = 120.0) -> None:
@@ -810,7 +815,7 @@ class RealNodes:
         for address, process in proxies:
             assert process is not None
             wait_until(
-                lambda address=address: _http_ok(f"http://{address}:{KUBE_PROXY_PORTS[1]}/healthz"),
+                lambda address=address: kube_proxy_synced(address),
                 f"kube-proxy on {address} synced",
                 90,
                 interval=0.5,
