@@ -3,6 +3,8 @@
 libixml exports NVML's C names (``nvmlInit_v2``, ``nvmlDeviceGetUUID``, ...) plus Iluvatar
 additions, of which we use ``ixmlDeviceGetBoardPosition`` (which chip names a board) and
 ``ixmlDeviceGetHealth`` (a bitmask, decoded by :func:`ix_gpu.plugin.backends.base.decode_ixml_health`).
+The driver version (``nvmlSystemGetDriverVersion``, optional) is read once per discovery, for all
+chips: the DRA plugin publishes it as a device attribute.
 ctypes rather than a compiled extension keeps the image free of a toolchain and lets the tests
 load a gcc-built stand-in through exactly this code path.
 
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 LIBRARY = "libixml.so"
 NVML_SUCCESS = 0
 _BUFFER = 96
+_VERSION_BUFFER = 80  # NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
 
 
 class _Memory(ctypes.Structure):
@@ -89,6 +92,7 @@ class IxmlBackend:
         self._check("nvmlInit_v2", self._lib.nvmlInit_v2())
         self._static: dict[int, Chip] = {}
         self._boards: dict[tuple[str, ...], dict[str, tuple[str, int]]] = {}
+        self._version_error = ""
 
     @property
     def vendor(self) -> Vendor:
@@ -113,6 +117,7 @@ class IxmlBackend:
             "nvmlDeviceOnSameBoard": [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)],
             "ixmlDeviceGetBoardPosition": [ctypes.c_void_p, uint_p],
             "ixmlDeviceGetHealth": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)],
+            "nvmlSystemGetDriverVersion": [ctypes.c_char_p, ctypes.c_uint],
         }
         missing = []
         for name, argtypes in {**signatures, **optional}.items():
@@ -227,6 +232,22 @@ class IxmlBackend:
         self._boards = {key: result}
         return result
 
+    def driver_version(self) -> str:
+        """The kernel driver's version; ``""`` when the library has no such call or it fails (said
+        once per distinct error, not on every health interval)."""
+        if not self._has["nvmlSystemGetDriverVersion"]:
+            return ""
+        buffer = ctypes.create_string_buffer(_VERSION_BUFFER)
+        code = self._lib.nvmlSystemGetDriverVersion(buffer, _VERSION_BUFFER)
+        if code != NVML_SUCCESS:
+            error = self._error(code)
+            if error != self._version_error:
+                log.warning("nvmlSystemGetDriverVersion: %s; devices carry no driver version", error)
+            self._version_error = error
+            return ""
+        self._version_error = ""
+        return buffer.value.decode(errors="replace").strip()
+
     def chips(self) -> list[Chip]:
         count = ctypes.c_uint()
         self._call("nvmlDeviceGetCount_v2", self._lib.nvmlDeviceGetCount_v2, ctypes.byref(count))
@@ -242,10 +263,11 @@ class IxmlBackend:
             chips.append(chip)
             handles.append(handle)
         boards = self._board_ids(chips, handles)
+        version = self.driver_version()
         out = []
         for chip in chips:
             board, position = boards[chip.uuid]
-            chip = replace(chip, board_id=board, board_position=position)
+            chip = replace(chip, board_id=board, board_position=position, driver_version=version)
             self._static[chip.index] = chip
             out.append(chip)
         for index, error in failed.items():

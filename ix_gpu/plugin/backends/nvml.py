@@ -3,7 +3,8 @@
 Boards come from ``nvmlDeviceGetBoardId`` (dual-GPU cards share one id). NVML has no single health
 word like ixml's bitmask, so a chip is Unhealthy when querying it fails — e.g. ``GPU is lost`` after
 it fell off the bus — and the NVML error text is the reason. Static facts are cached per index so
-a failing chip stays listed (Unhealthy) instead of vanishing from capacity.
+a failing chip stays listed (Unhealthy) instead of vanishing from capacity. The driver version
+(``nvmlSystemGetDriverVersion``) is read once per discovery, for all chips.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class NvmlBackend:
         except nvml.NVMLError as exc:
             raise BackendError(f"nvmlInit: {exc}") from None
         self._static: dict[int, Chip] = {}
+        self._version_error = ""
 
     @property
     def vendor(self) -> Vendor:
@@ -90,6 +92,22 @@ class NvmlBackend:
             pci_bus_id=_sysfs_bus_id(bus_id),
         )
 
+    def driver_version(self) -> str:
+        """The kernel driver's version; ``""`` when NVML cannot tell (said once per distinct error)."""
+        nvml = self.nvml
+        read = getattr(nvml, "nvmlSystemGetDriverVersion", None)
+        if read is None:  # a binding without the call (a test's stand-in)
+            return ""
+        try:
+            version = _text(read()).strip()
+        except nvml.NVMLError as exc:
+            if str(exc) != self._version_error:
+                log.warning("nvmlSystemGetDriverVersion: %s; devices carry no driver version", exc)
+            self._version_error = str(exc)
+            return ""
+        self._version_error = ""
+        return version
+
     def chips(self) -> list[Chip]:
         nvml = self.nvml
         try:
@@ -109,11 +127,12 @@ class NvmlBackend:
                 continue
             chips.append(chip)
         positions: dict[str, int] = {}
+        version = self.driver_version()
         out = []
         for chip in sorted(chips, key=lambda c: c.index):
             position = positions.get(chip.board_id, 0)
             positions[chip.board_id] = position + 1
-            chip = replace(chip, board_position=position)
+            chip = replace(chip, board_position=position, driver_version=version)
             if chip.healthy:
                 self._static[chip.index] = chip
             out.append(chip)
