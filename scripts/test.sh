@@ -6,9 +6,10 @@
 #   3. builds the real-Kubernetes tier from the Go module proxy into ~/.cache/ix-gpu (a no-op when
 #      cached): the 1.35.4 tier (~13 min cold on 2 cores), the 1.37.2 mini-cluster set with
 #      kube-proxy (~17 min cold) and helm v4.3.1 (~5 min cold);
-#   4. for the real-node tier (as root): installs containerd, runc, the CNI plugins, iptables,
-#      buildah and mmdebstrap from Debian's packages, and builds the images its pods run (a local
-#      Debian base, the pause image, the project's Dockerfile; ~3 min cold, cached by content hash);
+#   4. for the real-node tier (as root): installs runc, the CNI plugins, iptables, buildah and
+#      mmdebstrap from Debian's packages, fetches containerd 1.7 (Debian's build, pinned by SHA-256),
+#      and builds the images its pods run (a local Debian base, the pause image, the project's
+#      Dockerfile; ~3 min cold, cached by content hash);
 #   5. runs pytest with that tier switched on (IX_GPU_K8S=1). Extra arguments go to pytest.
 #
 # For a quick local loop without the real-Kubernetes tier: .venv/bin/pytest -m "not k8s"
@@ -36,6 +37,7 @@ if [[ $EUID -eq 0 ]]; then
     # at the shared build lock).
     step "the real-node tier's packages; its images in the background"
     bash tests/k8s/node-packages.sh
+    bash tests/k8s/containerd.sh >/dev/null
     images_log="$(mktemp)"
     bash tests/k8s/build-images.sh >"$images_log" 2>&1 &
     images_pid=$!

@@ -82,6 +82,7 @@ CONTROLLERS = [
     "endpointslice-controller",
     "endpointslice-mirroring-controller",
     "pod-garbage-collector-controller",
+    "resource-claim-controller",  # a DRA pod's ResourceClaim from its ResourceClaimTemplate
 ]
 
 

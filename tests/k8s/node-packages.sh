@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Install the Debian packages the real-node tier runs on (a no-op when they are there):
-#   containerd, runc                 each node's container runtime
+#   runc                             each node's OCI runtime (containerd itself: containerd.sh)
 #   containernetworking-plugins      CNI bridge, host-local, loopback and portmap (/usr/lib/cni)
 #   iptables, conntrack              kube-proxy's iptables mode
 #   buildah, mmdebstrap              the images: the project's Dockerfile, a local Debian base
-# Debian's containerd package would start a system containerd on install; a policy-rc.d that refuses
-# service starts is in place for the install only, so the tier's own containerds are the only ones.
+# A policy-rc.d that refuses service starts is in place for the install only, so no package starts a
+# system daemon beside the tier's own.
 set -euo pipefail
-PACKAGES=(containerd runc containernetworking-plugins iptables conntrack buildah mmdebstrap)
+PACKAGES=(runc containernetworking-plugins iptables conntrack buildah mmdebstrap)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,4 @@
-"""Real Nodes for the mini cluster: each a kubelet on its own containerd and runc, with CNI pod
+"""Real Nodes for the mini cluster: each a kubelet on its own containerd (1.7) and runc, with CNI pod
 networking and kube-proxy in iptables mode, so pods are real containers (own mount, PID and network
 namespaces, cgroup limits, a device cgroup, an image filesystem).
 
@@ -18,9 +18,10 @@ Layout on this machine (root; one real-node cluster at a time, the addresses are
 - **Mounts.** containerd and the kubelet share one private mount namespace per node (containerd
   starts in it; the kubelet joins it), in which node directories are bound over the paths a real
   node has: ``/var/lib/kubelet`` (so the chart's default device-plugin directory is that node's),
-  ``/var/log/pods``, ``/var/log/containers``, ``/run/containerd`` (containerd 1.6 keeps shim sockets
-  there whatever its state directory), ``/run/netns``, ``/var/lib/cni``, ``/etc/cni/net.d``, the
-  driver root ``DRIVER_ROOT``, and six sysctl files the kubelet would otherwise rewrite on the host.
+  ``/var/log/pods``, ``/var/log/containers``, ``/run/containerd`` (containerd keeps shim sockets
+  there whatever its state directory), ``/run/netns``, ``/var/lib/cni``, ``/etc/cni/net.d``,
+  ``/run/cdi`` (the CDI specs a DRA driver writes and containerd resolves), the driver root
+  ``DRIVER_ROOT``, and six sysctl files the kubelet would otherwise rewrite on the host.
   ``/dev`` is an overlay of the host's ``/dev`` with the node's GPU device nodes added, so both
   nodes have ``/dev/iluvatar0`` and see different devices there.
 - **GPUs without a GPU.** The device nodes are real character devices made with ``mknod``. Each
@@ -84,6 +85,7 @@ MOUNT_POINTS = (
     "/run/netns",
     "/var/lib/cni",
     "/etc/cni/net.d",
+    "/run/cdi",
     DRIVER_ROOT,
 )
 
@@ -264,6 +266,9 @@ disabled_plugins = [
   sandbox_image = "{pause_image}"
   # The sandbox may not raise its own oom_score_adj on this machine (no CAP_SYS_RESOURCE).
   restrict_oom_score_adj = true
+  # CDI device IDs in CreateContainer (a DRA claim's devices) are resolved from these specs.
+  enable_cdi = true
+  cdi_spec_dirs = ["/var/run/cdi"]
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -304,6 +309,7 @@ def write_node_files(spec: RealNodeSpec, pause_image: str) -> None:
         "netns",
         "cni-state",
         "cni-conf",
+        "cdi",
         "corex/lib64",
         "sysctl",
         "devfs",
@@ -320,9 +326,10 @@ def write_node_files(spec: RealNodeSpec, pause_image: str) -> None:
     run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(corex / "lib64" / "libixml.so"), str(LIBIXML_SOURCE)])
 
 
-def launcher_script(spec: RealNodeSpec) -> str:
+def launcher_script(spec: RealNodeSpec, containerd_bin: Path) -> str:
     """The shell that builds the node's mount namespace (it runs inside a fresh one) and then execs
-    containerd. Paths are bound over, never created, on the host: MOUNT_POINTS exist beforehand."""
+    the containerd of ``containerd_bin`` (its shim found there too). Paths are bound over, never
+    created, on the host: MOUNT_POINTS exist beforehand."""
     r = spec.root
     binds = {
         f"{r}/kubelet": "/var/lib/kubelet",
@@ -332,6 +339,7 @@ def launcher_script(spec: RealNodeSpec) -> str:
         f"{r}/netns": "/run/netns",
         f"{r}/cni-state": "/var/lib/cni",
         f"{r}/cni-conf": "/etc/cni/net.d",
+        f"{r}/cdi": "/run/cdi",
         f"{r}/corex": DRIVER_ROOT,
     }
     lines = ["set -eu"]
@@ -351,7 +359,8 @@ def launcher_script(spec: RealNodeSpec) -> str:
         major, dev_minor = MISC_DEVICES[minor]
         lines.append(f"mknod -m 666 /dev/iluvatar{minor} c {major} {dev_minor}")
     lines.append(f"mknod -m 666 /dev/itrctl c {CONTROL_DEVICE[0]} {CONTROL_DEVICE[1]}")
-    lines.append(f"exec containerd --config {r}/containerd.toml --log-level info")
+    lines.append(f'export PATH="{containerd_bin}:$PATH"')
+    lines.append(f"exec {containerd_bin}/containerd --config {r}/containerd.toml --log-level info")
     return "\n".join(lines) + "\n"
 
 
@@ -433,6 +442,7 @@ class RealNode:
     spec: RealNodeSpec
     api: KubeAPI
     log_dir: Path
+    containerd_bin: Path
     containerd: Process | None = None
     kubelet: Process | None = None
     kube_proxy: Process | None = None
@@ -456,7 +466,7 @@ class RealNode:
         ]
 
     def ctr(self, *args: str) -> str:
-        return run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args])
+        return run([str(self.containerd_bin / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args])
 
     def import_image(self, archive: Path) -> None:
         self.ctr("images", "import", str(archive))
@@ -469,7 +479,7 @@ class RealNode:
         return run(
             [
                 *self.nsenter(),
-                "ctr", "--address", str(self.socket), "--namespace", "k8s.io",
+                str(self.containerd_bin / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io",
                 "run", "--rm", f"--cgroup=/{self.spec.netns}/{name}", image, name, *argv,
             ]
         )  # fmt: skip
@@ -528,7 +538,8 @@ def kubelet_config(spec: RealNodeSpec) -> dict[str, Any]:
         "containerRuntimeEndpoint": f"unix://{spec.root}/containerd.sock",
         "failSwapOn": False,
         "failCgroupV1": False,
-        # containerd 1.6 does not answer the CRI RuntimeConfig call; the kubelet falls back to this.
+        # containerd 1.7 does not answer the CRI RuntimeConfig call (2.0 does); the kubelet falls
+        # back to this.
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": f"/{spec.netns}",
         "nodeStatusUpdateFrequency": "2s",
@@ -581,18 +592,19 @@ def start_real_node(
     log_dir: Path,
     images: Sequence[Path],
     *,
+    containerd_bin: Path,
     pause_image: str,
     labels: dict[str, str] | None = None,
 ) -> RealNode:
     """Network, containerd (images imported), kubelet and kube-proxy of ``spec``; returns once the
     kubelet runs (``wait_ready`` waits for the Node)."""
-    node = RealNode(spec=spec, api=api, log_dir=log_dir)
+    node = RealNode(spec=spec, api=api, log_dir=log_dir, containerd_bin=containerd_bin)
     try:
         write_node_files(spec, pause_image)
         setup_node_network(spec)
         make_cgroup_root(spec.netns)
         launcher = spec.root / "launch.sh"
-        launcher.write_text(launcher_script(spec))
+        launcher.write_text(launcher_script(spec, containerd_bin))
         node.containerd = start_process(
             f"containerd-{spec.name}",
             ["nsenter", f"--net=/run/netns/{spec.netns}", "--",
@@ -724,12 +736,13 @@ def remove_mount_points(created: Sequence[str]) -> None:
 
 IMAGES_SCRIPT = Path(__file__).resolve().parent / "build-images.sh"
 PACKAGES_SCRIPT = Path(__file__).resolve().parent / "node-packages.sh"
+CONTAINERD_SCRIPT = Path(__file__).resolve().parent / "containerd.sh"
 
 
 @dataclasses.dataclass(frozen=True)
 class Images:
-    """The images build-images.sh made: the pause image's and the project image's references and
-    docker archives."""
+    """The images build-images.sh made (the pause image's and the project image's references and
+    docker archives), and the directory of the containerd the nodes run (containerd.sh)."""
 
     pause_ref: str
     pause_archive: Path
@@ -739,18 +752,20 @@ class Images:
     project_archive: Path
     training_operator_ref: str
     training_operator_archive: Path
+    containerd_bin: Path
 
 
 def build_images() -> Images:
-    """Install the node packages if missing, build (or find cached) the images."""
-    for script in (PACKAGES_SCRIPT, IMAGES_SCRIPT):
+    """Install the node packages if missing, fetch containerd and build (or find cached) the images."""
+    last_lines = {}
+    for script in (PACKAGES_SCRIPT, CONTAINERD_SCRIPT, IMAGES_SCRIPT):
         result = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(
                 f"tests/k8s/{script.name} failed ({result.returncode}):\n{result.stderr[-6000:]}"
             )
-        out = result.stdout
-    data = json.loads((Path(out.strip().splitlines()[-1]) / "images.json").read_text())
+        last_lines[script] = (result.stdout.strip().splitlines() or [""])[-1]
+    data = json.loads((Path(last_lines[IMAGES_SCRIPT]) / "images.json").read_text())
     return Images(
         pause_ref=data["pause"]["ref"],
         pause_archive=Path(data["pause"]["archive"]),
@@ -760,6 +775,7 @@ def build_images() -> Images:
         project_archive=Path(data["ix-gpu"]["archive"]),
         training_operator_ref=data["training-operator"]["ref"],
         training_operator_archive=Path(data["training-operator"]["archive"]),
+        containerd_bin=Path(last_lines[CONTAINERD_SCRIPT]),
     )
 
 
@@ -802,7 +818,14 @@ class RealNodes:
         archives = (images.pause_archive, images.project_archive, images.training_operator_archive)
         for spec in self.specs:
             self.nodes[spec.name] = start_real_node(
-                binaries, api, spec, log_dir, archives, pause_image=images.pause_ref, labels=labels
+                binaries,
+                api,
+                spec,
+                log_dir,
+                archives,
+                containerd_bin=images.containerd_bin,
+                pause_image=images.pause_ref,
+                labels=labels,
             )
         for node in self.nodes.values():
             wait_node_ready(node)

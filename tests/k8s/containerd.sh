@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The container runtime of the real-node tier: containerd 1.7, the oldest line that resolves CDI
+# device IDs (the kubelet names a DRA claim's devices by CDI ID; containerd 1.6, bookworm's package,
+# ignores them). Debian trixie's build, whose binaries need only glibc >= 2.34, is fetched from the
+# Debian archive once, checked against the pinned SHA-256 and unpacked into the cache; nothing is
+# installed on the host. runc stays Debian's (node-packages.sh).
+#
+#   bash tests/k8s/containerd.sh      # prints the directory holding containerd, its runc shim, ctr
+set -euo pipefail
+
+VERSION="1.7.24~ds1-6+deb13u1"
+SHA256="ed708deb96fe476a3bce4efa5c0538dfbcf717ab9a7c7944ba7260342c25899c"
+MIRROR="${IX_GPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+URL="$MIRROR/pool/main/c/containerd/containerd_${VERSION}_amd64.deb"
+CACHE_ROOT="${IX_GPU_CACHE:-$HOME/.cache/ix-gpu}"
+DEST="$CACHE_ROOT/containerd-${VERSION//\~/-}"
+
+die() { echo "containerd.sh: $*" >&2; exit 1; }
+
+if [[ ! -x $DEST/bin/containerd ]]; then
+    [[ $(dpkg --print-architecture 2>/dev/null) == amd64 ]] || die "only amd64 is pinned here"
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    echo "containerd.sh: fetching $URL" >&2
+    curl -fsS --retry 3 -o "$work/containerd.deb" "$URL" || die "cannot fetch $URL"
+    echo "$SHA256  $work/containerd.deb" | sha256sum -c --quiet - >&2 || die "SHA-256 mismatch for $URL"
+    dpkg-deb -x "$work/containerd.deb" "$work/root"
+    mkdir -p "$work/bin"
+    for tool in containerd containerd-shim-runc-v2 ctr; do
+        install -m 0755 "$work/root/usr/bin/$tool" "$work/bin/$tool"
+    done
+    "$work/bin/containerd" --version >&2 || die "the unpacked containerd does not run on this machine"
+    rm -rf "$DEST.tmp" && mkdir -p "$CACHE_ROOT" && mv "$work/bin" "$DEST.tmp"
+    rm -rf "$DEST" && mkdir -p "$DEST" && mv "$DEST.tmp" "$DEST/bin"
+fi
+echo "$DEST/bin"
