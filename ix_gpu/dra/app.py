@@ -28,7 +28,8 @@ from pathlib import Path
 
 from grpclib.server import Server
 
-from ix_gpu.devicemodel.allocation import Verdict, dra_verdict
+from ix_gpu.devicemodel import labels
+from ix_gpu.devicemodel.allocation import NodeFacts, Verdict, dra_verdict
 from ix_gpu.dra.checkpoint import Checkpoint
 from ix_gpu.dra.claims import read_claim
 from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
@@ -36,7 +37,7 @@ from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
-from ix_gpu.plugin.server.node_config import NodeLabelReader
+from ix_gpu.plugin.server.node_config import NodeLabelReader, choose, named_configs
 from ix_gpu.runtime.kube import ApiServer
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ class DraSettings:
     health_interval: float = 5.0
     node_interval: float = 30.0
     """How often the node's allocation label and allocatable are re-read."""
+    config_dir: Path | None = None
+    """``--config DIR``: the directory of named configs one was picked from at start."""
+    default_config: str | None = None
+    config_label: str | None = None
+    """The node's config label when the config was picked (None: none, or not readable)."""
 
     @property
     def dra_socket(self) -> Path:
@@ -82,13 +88,21 @@ class DraSettings:
 
 
 class DraApp:
-    def __init__(self, settings: DraSettings, backend: Backend, api: ApiServer) -> None:
+    def __init__(
+        self,
+        settings: DraSettings,
+        backend: Backend,
+        api: ApiServer,
+        node_reader: NodeLabelReader | None = None,
+    ) -> None:
+        """``node_reader``: the one start-up read the node with (for its config label), if any."""
         self.settings = settings
         self.backend = backend
         self.devices: dict[str, DraDevice] = {}
         self._chips: list[Chip] = []
         self.publisher = SlicePublisher(api, driver=settings.driver, node=settings.node)
-        self.node_reader = NodeLabelReader(api, settings.node, settings.node_interval)
+        self.node_reader = node_reader or NodeLabelReader(api, settings.node, settings.node_interval)
+        self._config_label = settings.config_label
         self.allocation = Verdict(False, "this node's allocation label is not read yet")
         self.preparer = Preparer(
             driver=settings.driver,
@@ -128,7 +142,9 @@ class DraApp:
     def check_allocation(self) -> Verdict:
         """Read the node (at most every ``node_interval``) and decide; blocking. Logged on change."""
         domain = self.backend.vendor.resource_name.partition("/")[0]
-        verdict = dra_verdict(self.node_reader.facts(), domain)
+        facts = self.node_reader.facts()
+        self._follow_config_label(facts)
+        verdict = dra_verdict(facts, domain)
         if verdict.reason != self.allocation.reason:
             if verdict.allowed:
                 log.info("publishing this node's GPUs: %s", verdict.reason)
@@ -136,6 +152,30 @@ class DraApp:
                 log.warning("publishing no devices and preparing no new claim: %s", verdict.reason)
         self.allocation = verdict
         return verdict
+
+    def _follow_config_label(self, facts: NodeFacts | None) -> None:
+        """With a config directory, warn (once per label value) when the node's config label comes
+        to pick another config than the one in use: it applies on the next start (module doc of
+        :mod:`ix_gpu.dra.cli`)."""
+        directory = self.settings.config_dir
+        if directory is None or facts is None:
+            return
+        label = facts.labels.get(labels.DEVICE_PLUGIN_CONFIG)
+        if label == self._config_label:
+            return
+        self._config_label = label
+        try:
+            names = named_configs(directory)
+        except OSError:
+            return
+        was = choose(names, self.settings.config_label, self.settings.default_config).name
+        now = choose(names, label, self.settings.default_config)
+        if now.name != was:
+            log.warning(
+                "this node's config label changed (%s): ix-gpu dra keeps config %r until it is restarted",
+                now.reason if now.name is None else f"it picks {now.name!r}: {now.reason}",
+                was,
+            )
 
     def publish(self) -> bool:
         """The slice lists the devices while they are ours to hand out, else none: an existing

@@ -2,8 +2,19 @@
 
 Registration imports nothing heavy (the handler imports grpclib, the backend and the config
 loader), so ``ix-gpu mutate`` never pays for them. Flags follow the device plugin's where they mean
-the same (``--config``, ``--backend``, ``--fake-devices``, ``--root``, ``--kubeconfig``); the
-node name comes from ``NODE_NAME``, which a DaemonSet sets from the downward API.
+the same (``--config``, ``--default-config``, ``--backend``, ``--fake-devices``, ``--root``,
+``--kubeconfig``); the node name comes from ``NODE_NAME``, which a DaemonSet sets from the
+downward API.
+
+Start-up runs side by side, as the device plugin's does: the backend starts and the config is
+validated in worker threads, both through one child interpreter (:func:`ix_gpu.runtime.isolated.
+shared_child`, so pydantic is imported once), while this thread imports the serving side.
+
+``--config DIR`` is the device plugin's directory of named configs: the node label
+``ix-gpu.io/device-plugin.config`` picks one at start (:mod:`ix_gpu.plugin.server.node_config`).
+Unlike the device plugin, ``ix-gpu dra`` does not switch configs while it runs: a new config can
+rename every device of the pool (``splitboard``) under claims already allocated, so it applies on
+the next start, and the app warns when the label comes to pick another config.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from ix_gpu.runtime.usage import UsageError, add_log_level, set_env_name
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
+    from ix_gpu.plugin.backends.base import Backend
     from ix_gpu.runtime.kube import ApiServer
 
 DEFAULT_DRIVER = "gpu.iluvatar.com"
@@ -67,11 +79,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     set_env_name(node, "NODE_NAME")
     config = dra.add_argument(
         "--config",
-        metavar="FILE",
+        metavar="PATH",
         help=f"the ix-config file; only flags.splitboard and cdi.driverRoot apply here (default "
-        f"{DEFAULT_CONFIG} when it exists, else built-in defaults)",
+        f"{DEFAULT_CONFIG} when it exists, else built-in defaults), or a directory of named configs "
+        "(a mounted ConfigMap) from which the node label ix-gpu.io/device-plugin.config picks one at "
+        "start, as for the device plugin; a later change of the label applies on restart",
     )
     set_env_name(config, PLUGIN_CONFIG_ENV)
+    dra.add_argument(
+        "--default-config",
+        metavar="NAME",
+        help="with a config directory: the config for nodes without the label (default: the one named "
+        "'default', else the only one)",
+    )
     dra.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
     dra.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
     dra.add_argument("--root", metavar="DIR", default="/", help="host root for /dev and /sys, default /")
@@ -128,9 +148,11 @@ def _problem(kind: str, value: str, problems: list[str]) -> None:
 def run_dra(args: argparse.Namespace) -> int:
     import asyncio
     import logging
+    from concurrent.futures import ThreadPoolExecutor
 
     from ix_gpu.config.k8s_names import dns1123_subdomain
     from ix_gpu.runtime import json_logging
+    from ix_gpu.runtime.isolated import shared_child
 
     json_logging.configure(args.log_level)
     _problem("--driver-name", args.driver_name, dns1123_subdomain(args.driver_name))
@@ -143,12 +165,36 @@ def run_dra(args: argparse.Namespace) -> int:
         raise UsageError("--fake-devices only applies to --backend fake")
     if args.fake_devices and not Path(args.fake_devices).is_file():
         raise UsageError(f"--fake-devices {args.fake_devices}: no such file")
-    config = _load_config(args.config)
+    config_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
+    if args.default_config and config_dir is None:
+        raise UsageError("--default-config needs --config DIR (a directory of named configs)")
     api = _connect(args.kubeconfig)
 
-    from ix_gpu.dra.app import DraApp, DraSettings
-    from ix_gpu.plugin.backends import make_backend
     from ix_gpu.plugin.backends.base import BackendError
+
+    with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="dra-start") as pool:
+        starting = pool.submit(_start_backend, args)
+        node_reader, label, config_path = None, None, Path(args.config) if args.config else None
+        if config_dir is not None:
+            from ix_gpu.plugin.server.node_config import NodeLabelReader
+
+            node_reader = NodeLabelReader(api, args.node_name, NODE_INTERVAL)
+            label = node_reader.value()  # None when unlabelled, or unreadable for now: the default
+            config_path = _chosen_config(config_dir, label, args.default_config)
+        loading = pool.submit(_load_config, config_path, args.config is None)
+
+        from ix_gpu.dra.app import DraApp, DraSettings
+
+        config = loading.result()
+        try:
+            backend = starting.result()
+        except BackendError as exc:
+            logging.getLogger("ix_gpu.dra").error("cannot start: backend %s: %s", args.backend, exc)
+            return 1
+    if config_path is not None:
+        logging.getLogger("ix_gpu.dra").info(
+            "config %s: splitboard=%s", config_path, "true" if config.splitboard else "false"
+        )
 
     plugins_dir = Path(args.plugins_dir)
     settings = DraSettings(
@@ -162,36 +208,58 @@ def run_dra(args: argparse.Namespace) -> int:
         driver_root=config.cdi_driver_root,
         unhealthy=args.unhealthy,
         health_interval=args.health_interval,
+        node_interval=NODE_INTERVAL,
+        config_dir=config_dir,
+        default_config=args.default_config,
+        config_label=label,
     )
     if problems := settings.socket_problems():
+        backend.close()
         raise UsageError(problems[0])
-    try:
-        backend = make_backend(
-            args.backend,
-            fake_devices=Path(args.fake_devices) if args.fake_devices else None,
-            root=Path(args.root),
-        )
-    except BackendError as exc:
-        logging.getLogger("ix_gpu.dra").error("cannot start: backend %s: %s", args.backend, exc)
-        return 1
 
     async def main() -> int:
-        return await DraApp(settings, backend, api).run(handle_signals=True)
+        return await DraApp(settings, backend, api, node_reader=node_reader).run(handle_signals=True)
 
     return asyncio.run(main())
 
 
-def _load_config(path_text: str | None) -> RuntimeConfig:
-    """The ix-config's runtime form (validated in a child; see the device plugin's config loader)."""
+NODE_INTERVAL = 30.0  # = DraSettings.node_interval's default
+
+
+def _start_backend(args: argparse.Namespace) -> Backend:
+    from ix_gpu.plugin.backends import make_backend
+
+    return make_backend(
+        args.backend,
+        fake_devices=Path(args.fake_devices) if args.fake_devices else None,
+        root=Path(args.root),
+    )
+
+
+def _chosen_config(directory: Path, label: str | None, default: str | None) -> Path:
+    """The named config that ``label`` (the node's config label; None: none) or the default picks."""
+    from ix_gpu.plugin.server.node_config import choose, named_configs
+
+    try:
+        names = named_configs(directory)
+    except OSError as exc:
+        raise UsageError(f"--config {directory}: {exc.strerror or exc}") from None
+    choice = choose(names, label, default)
+    if choice.name is None:
+        raise UsageError(f"--config {directory}: {choice.reason}")
+    return names[choice.name]
+
+
+def _load_config(path: Path | None, default_location: bool) -> RuntimeConfig:
+    """The ix-config's runtime form (validated in a child; see the device plugin's config loader).
+    ``path`` None: :data:`DEFAULT_CONFIG` when it exists, else the built-in defaults."""
     from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
     from ix_gpu.plugin.server.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
-    path = Path(path_text or DEFAULT_CONFIG)
+    path = path or Path(DEFAULT_CONFIG)
     try:
-        if path_text is None and not path.exists():
+        if default_location and not path.exists():
             return load_runtime_config(None, DEFAULTS_SOURCE)
-        if path.is_dir():
-            raise UsageError(f"--config {path}: a directory of configs is not supported by ix-gpu dra yet")
         return load_runtime_config(read_capped(path, CONFIG_MAX_BYTES), str(path))
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
