@@ -466,7 +466,9 @@ class RealNode:
         ]
 
     def ctr(self, *args: str) -> str:
-        return run([str(self.containerd_bin / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args])
+        return run(
+            [str(self.containerd_bin / "ctr"), "--address", str(self.socket), "--namespace", "k8s.io", *args]
+        )
 
     def import_image(self, archive: Path) -> None:
         self.ctr("images", "import", str(archive))

@@ -25,7 +25,6 @@ import collections
 import json
 import os
 import secrets
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,24 +34,19 @@ import pytest
 
 from tests.k8s import training_operator
 from tests.k8s.chart_values import real_node_chart_values
-from tests.k8s.cluster import MiniCluster
-from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
-from tests.k8s.helm_cli import run_helm, write_values
-from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
-from tests.k8s.real_nodes import REAL_NODES, RealNode, kube_chains, leftovers
+from tests.k8s.real_nodes import REAL_NODES
+from tests.k8s.real_release import NAMESPACE, NS_PATH, RESOURCE, Release, image_pod, open_release
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(1500)
 
-RELEASE, NAMESPACE = "ixr", "ix-gpu-system"
-NS_PATH = f"/api/v1/namespaces/{NAMESPACE}"
+RELEASE = "ixr"
 WEBHOOK = f"{RELEASE}-ix-gpu-webhook"
 MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}-ix-gpu"
 INJECTED = "ix-gpu.io/injected"
-RESOURCE = "iluvatar.com/gpu"
 
 DEVICE_CHECK = r"""
 import glob, os, stat
@@ -106,59 +100,6 @@ print(f"bytecode: {stale} stale, {missing} missing")
 """
 
 
-class Release:
-    """The release ``RELEASE`` on the real-node cluster, driven through the helm CLI."""
-
-    def __init__(self, cluster: MiniCluster, helm_binary: Path, work: Path, values: dict[str, Any]) -> None:
-        self.cluster, self.helm_binary, self.work, self.values = cluster, helm_binary, work, values
-        self.revision = 0
-
-    @property
-    def api(self) -> KubeAPI:
-        return self.cluster.api
-
-    @property
-    def image(self) -> str:
-        return f"{self.values['image']['repository']}:{self.values['image']['tag']}"
-
-    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return run_helm(
-            self.helm_binary, self.cluster.kubeconfig, self.work, NAMESPACE, *args, timeout=timeout
-        )
-
-    def values_file(self) -> Path:
-        self.revision += 1
-        return write_values(self.work, self.values, self.revision)
-
-    def pods(self, component: str) -> list[dict[str, Any]]:
-        path = f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3D{component}"
-        return [
-            p for p in request_ok(self.api, "GET", path)["items"] if "deletionTimestamp" not in p["metadata"]
-        ]
-
-    def node(self, name: str) -> RealNode:
-        node = self.cluster.nodes[name]
-        assert isinstance(node, RealNode)
-        return node
-
-    def log(self, namespace: str, pod: str, previous: bool = False) -> str:
-        query = "?previous=true" if previous else ""
-        return str(self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log{query}")[1])
-
-
-def image_pod(name: str, image: str, command: list[str], gpus: int = 0, **spec: Any) -> dict[str, Any]:
-    """A pod of the project image (the only image on these nodes besides pause)."""
-    container: dict[str, Any] = {"name": "main", "image": image, "command": command}
-    if gpus:
-        container["resources"] = {"limits": {RESOURCE: str(gpus)}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1, **spec},
-    }
-
-
 def container_cgroup(pod: dict[str, Any], container: str, controller: str) -> Path:
     """The host directory of a container's cgroup (cgroup v1) on a real node."""
     (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
@@ -173,30 +114,12 @@ def container_cgroup(pod: dict[str, Any], container: str, controller: str) -> Pa
 def release(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, k8s_log_dir: Path
 ) -> Iterator[Release]:
-    if not _tier_requested(request.config):
-        pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
-    if os.geteuid() != 0:
-        pytest.skip("real nodes need root (namespaces, cgroups, iptables)")
-    # KUBE-* rules already on the host are another kubelet's or kube-proxy's, not ours to judge.
-    host_chains = kube_chains()
-    stale = leftovers(keep=host_chains)
-    assert not stale, f"a real-node cluster is already on this machine: {stale}"
-    helm = build_helm()
-    work = tmp_path_factory.mktemp("real-nodes")
-    started = time.monotonic()
-    with MiniCluster(
-        work / "cluster",
-        binaries=build_cluster_binaries(),
-        plugin_config=None,
-        log_dir=k8s_log_dir / "real-nodes",
-        runtime="containerd",
-    ) as mini:
-        print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
-        assert mini.real_nodes is not None and mini.real_nodes.images is not None
-        values = real_node_chart_values(mini.real_nodes.images, scenario=True)
-        installed = Release(mini, helm, work, values)
-        yield installed
-    assert leftovers(keep=host_chains) == [], "the real-node cluster left things behind"
+    yield from open_release(
+        request,
+        tmp_path_factory,
+        k8s_log_dir / "real-nodes",
+        lambda images: real_node_chart_values(images, scenario=True),
+    )
 
 
 # --------------------------------------------------------------------------- the image

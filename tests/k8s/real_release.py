@@ -1,0 +1,112 @@
+"""A chart release on the real-node cluster, driven through the helm CLI as a user drives it, and
+the module fixture both real-node test modules open it with (one cluster at a time: the tier's
+addresses are fixed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s.cluster import MiniCluster
+from tests.k8s.conftest import _tier_requested
+from tests.k8s.helm_cli import run_helm, write_values
+from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
+from tests.k8s.pods import request_ok
+from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers
+
+NAMESPACE = "ix-gpu-system"
+NS_PATH = f"/api/v1/namespaces/{NAMESPACE}"
+RESOURCE = "iluvatar.com/gpu"
+
+
+class Release:
+    """A release of charts/ix-gpu in ``NAMESPACE`` on the real-node cluster."""
+
+    def __init__(self, cluster: MiniCluster, helm_binary: Path, work: Path, values: dict[str, Any]) -> None:
+        self.cluster, self.helm_binary, self.work, self.values = cluster, helm_binary, work, values
+        self.revision = 0
+
+    @property
+    def api(self) -> KubeAPI:
+        return self.cluster.api
+
+    @property
+    def image(self) -> str:
+        return f"{self.values['image']['repository']}:{self.values['image']['tag']}"
+
+    def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return run_helm(
+            self.helm_binary, self.cluster.kubeconfig, self.work, NAMESPACE, *args, timeout=timeout
+        )
+
+    def values_file(self) -> Path:
+        self.revision += 1
+        return write_values(self.work, self.values, self.revision)
+
+    def pods(self, component: str) -> list[dict[str, Any]]:
+        path = f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3D{component}"
+        return [
+            p for p in request_ok(self.api, "GET", path)["items"] if "deletionTimestamp" not in p["metadata"]
+        ]
+
+    def node(self, name: str) -> RealNode:
+        node = self.cluster.nodes[name]
+        assert isinstance(node, RealNode)
+        return node
+
+    def log(self, namespace: str, pod: str, previous: bool = False) -> str:
+        query = "?previous=true" if previous else ""
+        return str(self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log{query}")[1])
+
+
+def open_release(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    log_dir: Path,
+    values: Callable[[Images], dict[str, Any]],
+) -> Iterator[Release]:
+    """The body of a module fixture: a real-node cluster, a :class:`Release` (not installed yet)
+    with ``values(images)``, and, after the module, the check that nothing of the cluster is left."""
+    if not _tier_requested(request.config):
+        pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root (namespaces, cgroups, iptables)")
+    # KUBE-* rules already on the host are another kubelet's or kube-proxy's, not ours to judge.
+    host_chains = kube_chains()
+    stale = leftovers(keep=host_chains)
+    assert not stale, f"a real-node cluster is already on this machine: {stale}"
+    helm = build_helm()
+    work = tmp_path_factory.mktemp("real-nodes")
+    started = time.monotonic()
+    with MiniCluster(
+        work / "cluster",
+        binaries=build_cluster_binaries(),
+        plugin_config=None,
+        log_dir=log_dir,
+        runtime="containerd",
+    ) as mini:
+        print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
+        assert mini.real_nodes is not None and mini.real_nodes.images is not None
+        yield Release(mini, helm, work, values(mini.real_nodes.images))
+    assert leftovers(keep=host_chains) == [], "the real-node cluster left things behind"
+
+
+def image_pod(
+    name: str, image: str, command: list[str], gpus: int = 0, resource: str = RESOURCE, **spec: Any
+) -> dict[str, Any]:
+    """A pod of the project image (the only image on these nodes besides pause)."""
+    container: dict[str, Any] = {"name": "main", "image": image, "command": command}
+    if gpus:
+        container["resources"] = {"limits": {resource: str(gpus)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1, **spec},
+    }
