@@ -115,6 +115,12 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help=f"CDI spec directory (default {DEFAULT_CDI_DIR})",
     )
     dra.add_argument(
+        "--driver-root",
+        metavar="DIR",
+        help="the host's driver directory, which each claim's CDI spec mounts (default: the ix-config's "
+        "cdi.driverRoot, else the vendor's, e.g. /usr/local/corex)",
+    )
+    dra.add_argument(
         "--checkpoint",
         metavar="FILE",
         help="prepared claims, kept across restarts (default <plugins-dir>/<driver>/checkpoint.json)",
@@ -150,7 +156,7 @@ def run_dra(args: argparse.Namespace) -> int:
     import logging
     from concurrent.futures import ThreadPoolExecutor
 
-    from ix_gpu.config.k8s_names import dns1123_subdomain
+    from ix_gpu.config.k8s_names import absolute_path, dns1123_subdomain
     from ix_gpu.runtime import json_logging
     from ix_gpu.runtime.isolated import shared_child
 
@@ -159,6 +165,9 @@ def run_dra(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required: it names this node's pool")
     _problem("--node-name", args.node_name, dns1123_subdomain(args.node_name))
+    # The spec's hostPaths are read by the container runtime, relative to nothing we know.
+    if args.driver_root is not None:
+        _problem("--driver-root", args.driver_root, absolute_path(args.driver_root))
     if args.backend == "fake" and not args.fake_devices:
         raise UsageError("--backend fake needs --fake-devices FILE")
     if args.fake_devices and args.backend != "fake":
@@ -205,7 +214,7 @@ def run_dra(args: argparse.Namespace) -> int:
         cdi_dir=Path(args.cdi_dir),
         checkpoint=Path(args.checkpoint or plugins_dir / args.driver_name / "checkpoint.json"),
         splitboard=config.splitboard,
-        driver_root=config.cdi_driver_root,
+        driver_root=args.driver_root or config.cdi_driver_root,
         unhealthy=args.unhealthy,
         health_interval=args.health_interval,
         node_interval=NODE_INTERVAL,

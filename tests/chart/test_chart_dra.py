@@ -143,7 +143,10 @@ def test_dra_daemonset_runs_only_on_dra_nodes_with_same_path_mounts() -> None:
     assert "--registry-dir=/var/lib/kubelet/plugins_registry" in container["args"]
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["IX_GPU_PLUGIN_CONFIG"]["value"] == "/ixconfig/ix-config"
+    assert "IX_GPU_PLUGIN_CONFIG" not in env
+    assert "--config=/ixconfig/ix-config" in container["args"]
+    # Claims' CDI specs mount the node's driver from where plugin.driver.root says it is.
+    assert "--driver-root=/usr/local/corex" in container["args"]
     assert env["LD_LIBRARY_PATH"]["value"] == "/usr/local/corex/lib64"
     # ix-gpu dra serves no HTTP: no probe rather than one that only sees a socket file.
     assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container)
@@ -177,3 +180,20 @@ def test_dra_without_the_device_plugin_still_has_its_ix_config() -> None:
 def test_schema_refuses_bad_dra_values(values: dict[str, Any]) -> None:
     with pytest.raises(HelmError, match="dra"):
         render(values)
+
+
+def test_dra_reads_the_device_plugins_per_node_configs_and_its_driver_root() -> None:
+    """With plugin.nodeConfigs both plugins get the directory and pick by the same node label, so
+    splitboard (what one device is) agrees between them on every node."""
+    shared = {"flags": {"splitboard": True}}
+    values = {**ON, "plugin": {"nodeConfigs": {"split": shared}, "driver": {"root": "/opt/corex"}}}
+    objects = render(values)
+    for name in (DRA, PLUGIN):
+        args = find(objects, "DaemonSet", name)["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--config=/ixconfig" in args and "--default-config=ix-config" in args, name
+    dra_args = find(objects, "DaemonSet", DRA)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--driver-root=/opt/corex" in dra_args
+    # No driver root: the CDI specs mount the config's or the vendor's default.
+    bare = render({**ON, "plugin": {"driver": {"root": ""}}})
+    bare_args = find(bare, "DaemonSet", DRA)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in bare_args if a.startswith("--driver-root")]

@@ -269,6 +269,7 @@ def test_restarted_plugin_continues_the_generation_without_rewriting(
         (["--driver-name", "GPU_Iluvatar"], {"NODE_NAME": "n1"}, "--driver-name 'GPU_Iluvatar'"),
         (["--backend", "fake"], {"NODE_NAME": "n1"}, "--backend fake needs --fake-devices FILE"),
         (["--unhealthy", "ignore"], {"NODE_NAME": "n1"}, "invalid choice"),
+        (["--driver-root", "corex"], {"NODE_NAME": "n1"}, "--driver-root 'corex': must be an absolute path"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(args: list[str], env: dict[str, str], message: str) -> None:
