@@ -5,11 +5,15 @@ plugin that prepared it was restarted; without this file the new process would n
 spec to remove. It also makes Prepare cheap and stable when the kubelet retries: the answer is the
 one given the first time.
 
-Written atomically (temporary file, fsync, rename; see :func:`ix_gpu.plugin.devices.cdi.write_spec`),
-after the CDI spec on prepare and after the spec's removal on unprepare: a crash in between leaves
-at worst a spec with no record, and Unprepare removes a claim's spec by its path, record or not. A
-file that cannot be read is moved aside, not trusted and not fatal: the node's GPU pods must still
-start.
+Written atomically (temporary file, fsync, rename, as :func:`ix_gpu.plugin.devices.cdi.write_spec`
+writes a CDI spec), after the CDI spec on prepare and after the spec's removal on unprepare: a
+crash in between leaves at worst a spec with no record, and Unprepare removes a claim's spec by its
+path, record or not. A file that cannot be read is moved aside, not trusted and not fatal: the
+node's GPU pods must still start.
+
+The whole file is written on every prepare and unprepare, so its cost grows with the claims a
+node holds: it is compact JSON from the C encoder, and each claim's plain form is built once, not
+on every save (``dataclasses.asdict`` and an indented dump took 7 ms per save at 200 claims).
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from ix_gpu.plugin.devices.cdi import write_spec
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +67,51 @@ def _claim_from(raw: dict[str, Any]) -> PreparedClaim:
     return PreparedClaim(raw["uid"], raw["namespace"], raw["name"], devices, raw["spec_file"])
 
 
+def _plain(claim: PreparedClaim) -> dict[str, Any]:
+    """The claim as the file holds it (what ``dataclasses.asdict`` gives, without its cost)."""
+    return {
+        "uid": claim.uid,
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "devices": [
+            {
+                "request_names": list(d.request_names),
+                "pool": d.pool,
+                "device": d.device,
+                "cdi_device_ids": list(d.cdi_device_ids),
+                "share_id": d.share_id,
+            }
+            for d in claim.devices
+        ],
+        "spec_file": claim.spec_file,
+    }
+
+
+def write_atomic(content: bytes, path: Path) -> None:
+    """``path`` holds ``content`` or what it held before, whatever happens: a temporary file in
+    the same directory, fsynced, renamed over it. Raises ``OSError``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(content)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 class Checkpoint:
     """The file and its content; not thread-safe (the caller holds one lock around changes)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.claims: dict[str, PreparedClaim] = self._load()
+        self._plain: dict[str, tuple[PreparedClaim, dict[str, Any]]] = {}
+        """uid → (the claim, its plain form), reused while the claim is the same object."""
 
     def _load(self) -> dict[str, PreparedClaim]:
         try:
@@ -85,10 +128,17 @@ class Checkpoint:
                 self.path.rename(aside)
             return {}
 
+    def _plain_claims(self) -> dict[str, dict[str, Any]]:
+        plain = {}
+        for uid, claim in sorted(self.claims.items()):
+            cached = self._plain.get(uid)
+            if cached is None or cached[0] is not claim:
+                cached = self._plain[uid] = (claim, _plain(claim))
+            plain[uid] = cached[1]
+        for gone in self._plain.keys() - self.claims.keys():
+            del self._plain[gone]
+        return plain
+
     def save(self) -> None:
-        document = {
-            "kind": KIND,
-            "version": VERSION,
-            "claims": {uid: asdict(claim) for uid, claim in sorted(self.claims.items())},
-        }
-        write_spec(document, self.path)
+        document = {"kind": KIND, "version": VERSION, "claims": self._plain_claims()}
+        write_atomic((json.dumps(document, separators=(",", ":")) + "\n").encode(), self.path)
