@@ -31,7 +31,7 @@ from grpclib.server import Server
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.allocation import NodeFacts, Verdict, dra_verdict
 from ix_gpu.dra.checkpoint import Checkpoint
-from ix_gpu.dra.claims import read_claim
+from ix_gpu.dra.claims import ClaimReader
 from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
 from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
@@ -104,13 +104,14 @@ class DraApp:
         self.node_reader = node_reader or NodeLabelReader(api, settings.node, settings.node_interval)
         self._config_label = settings.config_label
         self.allocation = Verdict(False, "this node's allocation label is not read yet")
+        self.claims = ClaimReader(api)
         self.preparer = Preparer(
             driver=settings.driver,
             pool=settings.node,
             vendor=backend.vendor,
             cdi_dir=settings.cdi_dir,
             checkpoint=Checkpoint(settings.checkpoint),
-            read_claim=lambda ref: read_claim(api, ref),
+            read_claim=self.claims.read,
             devices=lambda: self.devices,
             control_nodes=backend.control_nodes,
             driver_root=settings.driver_root,
@@ -205,6 +206,7 @@ class DraApp:
             await asyncio.to_thread(self.refresh)
             await asyncio.to_thread(self.check_allocation)
             await asyncio.to_thread(self.publish)
+            await asyncio.to_thread(self.claims.close_idle)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.health_interval)
 
@@ -237,4 +239,5 @@ class DraApp:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._servers.clear()
+        self.claims.close_idle(everything=True)
         self.backend.close()
