@@ -137,6 +137,10 @@ def _status(code: int, reason: str) -> dict[str, Any]:
 def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Buffered, so that a response leaves in one write, as from the Go apiserver: written in
+        # two (headers, body) on a kept-alive connection, Nagle's algorithm held the body back
+        # until the client's delayed ACK, 40 ms later.
+        wbufsize = -1
 
         def log_message(self, *args: Any) -> None:
             pass
