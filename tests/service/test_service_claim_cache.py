@@ -9,6 +9,8 @@ tier points the same code at a real kube-apiserver.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from ix_gpu.webhook.core.claims import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE
-from ix_gpu.webhook.service.claim_cache import ClaimCache, kubernetes_claim_cache
+from ix_gpu.webhook.service.claim_cache import ARRIVAL_WAIT, ClaimCache, kubernetes_claim_cache
 from ix_gpu.webhook.service.namespace_cache import api_client
 from tests.service.conftest import FAST
 from tests.service.fake_apiserver import CLAIM_PATHS, FakeApiServer
@@ -178,3 +180,40 @@ def test_an_unknown_claim_is_denied_under_deny(api: FakeApiServer, tmp_path: Pat
         assert "policy.claimLookupFailure is deny" in denied["status"]["message"]
         plain = webhook.post_review(review(pod(namespace="team-a"), namespace="team-a"))["response"]
         assert plain["auditAnnotations"]["decision"] == "mutated"  # limits-based pods as before
+
+
+def test_a_pod_sent_just_before_its_claim_templates_watch_event_waits_for_it(
+    api: FakeApiServer, tmp_path: Path, cert_dir: Path
+) -> None:
+    """``kubectl apply`` of a template and its pod: the pod's review can come before the watch
+    event. The review waits (bounded) for the name it missed, then injects; a name that never
+    comes is answered per claimLookupFailure after the wait, and each outcome is counted."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    with WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=FAST).start(ready=True) as webhook:
+        with webhook.client() as client:
+            wait_until(
+                lambda: client.get("/readyz").json()["claims"][RESOURCE_CLAIM_TEMPLATE]["synced"],
+                "claims",
+                10,
+            )
+        answers: list[dict[str, Any]] = []
+        sender = threading.Thread(
+            target=lambda: answers.append(webhook.post_review(review(_dra_pod("racing"), namespace="team-a")))
+        )
+        sender.start()
+        time.sleep(0.5)  # the review is waiting by now; only then does the template exist
+        api.put_claim(claim_template("racing", namespace="team-a"))
+        sender.join(10)
+        (answer,) = answers
+        assert answer["response"]["auditAnnotations"]["decision"] == "mutated", answer
+        started = time.monotonic()
+        unknown = webhook.post_review(review(_dra_pod("never"), namespace="team-a"))["response"]
+        waited = time.monotonic() - started
+        assert unknown["allowed"] is True and "patch" not in unknown
+        assert any("policy.claimLookupFailure" in w for w in unknown["warnings"])
+        assert ARRIVAL_WAIT <= waited < ARRIVAL_WAIT + 3, waited  # bounded: one wait, then the answer
+        with webhook.client() as client:
+            metrics = client.get("/metrics").text
+        assert 'ix_gpu_claim_waits_total{outcome="arrived"} 1.0' in metrics, metrics
+        assert 'ix_gpu_claim_waits_total{outcome="missing"} 1.0' in metrics, metrics
+        assert 'ix_gpu_claim_cache_size{kind="ResourceClaimTemplate"} 2.0' in metrics, metrics

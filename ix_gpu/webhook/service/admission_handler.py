@@ -33,6 +33,7 @@ from ix_gpu.webhook.service.admission_review import (
     parse_review,
     review_response,
 )
+from ix_gpu.webhook.service.claim_cache import ClaimCache, ClaimName, MissRecorder
 from ix_gpu.webhook.service.hot_reload import LiveConfig
 from ix_gpu.webhook.service.limits import HeavyLane, Limits, OverBudget, WorkerDied
 from ix_gpu.webhook.service.metrics import OTHER, UNKNOWN, ServiceMetrics
@@ -70,6 +71,8 @@ class Answer:
     """A bug's traceback, for the parent to log."""
     lookup: str | None = None
     """Not answered yet: the namespace to fetch first, then answer again with its facts."""
+    claims_missed: tuple[ClaimName, ...] = ()
+    """Claims the pod names that the claim caches did not hold (answered per claimLookupFailure)."""
 
 
 class AdmissionHandler:
@@ -114,10 +117,23 @@ class AdmissionHandler:
             review = parse_review(body)
         except ReviewError as exc:
             return Answer(400, error_body(str(exc)), fields={"error": str(exc)})
-        answer = self._answer_review(review, config, None)
+        known: Known = None
+        answer = self._answer_review(review, config, known)
         if answer.lookup is not None:
-            answer = self._answer_review(review, config, await self._lookup(answer.lookup))
+            known = await self._lookup(answer.lookup)
+            answer = self._answer_review(review, config, known)
+        if answer.claims_missed and await self._claims_arrived(answer.claims_missed):
+            answer = self._answer_review(review, config, known)
         return answer
+
+    async def _claims_arrived(self, names: tuple[ClaimName, ...]) -> bool:
+        """Wait (bounded) for claims a review named before the watch delivered them; see
+        :mod:`.claim_cache`. Only a watching cache can see them arrive."""
+        if not isinstance(self._claims, ClaimCache):
+            return False
+        arrived = await self._claims.arrival(names)
+        self._metrics.claim_waits.labels(outcome="arrived" if arrived else "missing").inc()
+        return arrived
 
     async def _answer_large(self, body: bytes, config: CompiledConfig) -> Answer:
         """Parse and mutate in the heavy lane, so the loop stays free (see .limits). The budget
@@ -128,15 +144,22 @@ class AdmissionHandler:
             self._heavy = HeavyLane(self._limits.request_budget)
         deadline = time.monotonic() + self._limits.request_budget
         known: Known = None
+        waited = False
         while True:
             try:
                 encoded = await self._heavy.run(deadline, partial(self._answer_body, body, config, known))
             except WorkerDied as exc:
                 return self._internal_error(str(exc))
             answer: Answer = pickle.loads(encoded)
-            if answer.lookup is None or known is not None:
+            if answer.lookup is not None and known is None:
+                known = await self._lookup(answer.lookup)
+            elif answer.claims_missed and not waited:
+                # Each run forks afresh, so the next one sees claims that arrived meanwhile.
+                waited = True
+                if not await self._claims_arrived(answer.claims_missed):
+                    return answer
+            else:
                 return answer
-            known = await self._lookup(answer.lookup)
 
     def _answer_body(self, body: bytes, config: CompiledConfig, known: Known) -> bytes:
         """:meth:`_answer_review` of a raw body, pickled: the heavy lane's work, in the child."""
@@ -151,8 +174,9 @@ class AdmissionHandler:
     def _answer_review(self, review: ReviewRequest, config: CompiledConfig, known: Known) -> Answer:
         """The review's answer; no I/O and no side effects, so it can run in a forked child."""
         hit = False
+        claims = MissRecorder(self._claims)
         try:
-            decided = self._decide(review, config, known)
+            decided = self._decide(review, config, known, claims)
             if isinstance(decided, str):
                 return Answer(0, b"", lookup=decided)
             result, hit = decided
@@ -184,28 +208,29 @@ class AdmissionHandler:
             pod_security_unchecked=result.pod_security_unchecked,
             namespace_hit=hit,
             internal_error=internal_error,
+            claims_missed=tuple(claims.missed),
         )
 
     def _decide(
-        self, review: ReviewRequest, config: CompiledConfig, known: Known
+        self, review: ReviewRequest, config: CompiledConfig, known: Known, claims: ClaimFacts
     ) -> tuple[MutationResult, bool] | str:
         """(result, whether the namespace's facts came from memory), or the namespace to fetch."""
         obj, operation, namespace = review.obj, review.operation, review.namespace
         if operation != "CREATE" or obj is None or not self._is_workload(obj, config):
             # Not ours to mutate: the core says why without needing the namespace.
-            return mutate(obj, operation, NamespaceFacts.unknown(namespace), config, self._claims), False
+            return mutate(obj, operation, NamespaceFacts.unknown(namespace), config, claims), False
         if not namespace or config.namespace_excluded(namespace):
-            return mutate(obj, operation, NamespaceFacts(namespace), config, self._claims), False
+            return mutate(obj, operation, NamespaceFacts(namespace), config, claims), False
         if isinstance(known, LookupFailed):
             return self._lookup_failed(config, known.reason), False
         if known is not None:
-            return mutate(obj, operation, known, config, self._claims), False
+            return mutate(obj, operation, known, config, claims), False
         facts = self._namespaces.cached_facts(namespace)
         if facts is not None:
-            return mutate(obj, operation, facts, config, self._claims), True
+            return mutate(obj, operation, facts, config, claims), True
         # Not in memory. Known facts can only add reasons to skip or to hold back host access, so
         # a skip computed without them stands, and most objects (no GPU) never cost a lookup.
-        provisional = mutate(obj, operation, NamespaceFacts.unknown(namespace), config, self._claims)
+        provisional = mutate(obj, operation, NamespaceFacts.unknown(namespace), config, claims)
         if provisional.decision is Decision.SKIPPED:
             return provisional, False
         return namespace

@@ -3,8 +3,11 @@ request, from two watch-backed caches (resource.k8s.io/v1), or nothing without a
 
 Why a watch and no GET on a miss: the webhook is on the path of every Pod create, and a DRA pod
 names its claim template a moment after creating it, so a GET per review would be a request per
-DRA pod to the API server. A claim the caches do not hold (not synced yet, or not there) is
-unknown, and ``policy.claimLookupFailure`` decides in the core. Only each request's name and
+DRA pod to the API server. That moment is also why a miss is waited on: ``kubectl apply`` of a
+claim and its pods sends the pods within milliseconds of the claim, before the watch event, so the
+handler gives a synced cache :data:`ARRIVAL_WAIT` seconds for the names a review missed
+(:meth:`ClaimCache.arrival`) and then answers again. A claim still missing (or a cache not synced)
+is unknown, and ``policy.claimLookupFailure`` decides in the core. Only each request's name and
 device class is kept: a claim's selectors and status can be kilobytes.
 
 Neither cache gates readiness: on a cluster without resource.k8s.io/v1 (before 1.34, or DRA off)
@@ -14,6 +17,9 @@ before; ``/readyz`` details say so.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Iterable
 from typing import Any
 
 from ix_gpu.webhook.core.claims import (
@@ -23,7 +29,31 @@ from ix_gpu.webhook.core.claims import (
     claim_key,
     device_requests,
 )
+from ix_gpu.webhook.service.metrics import ServiceMetrics
 from ix_gpu.webhook.service.namespace_cache import KubernetesListWatch, ListWatchApi, WatchedCache
+
+ARRIVAL_WAIT = 1.5
+"""Seconds a review waits for claims its pod names that a synced cache does not hold yet: a watch
+event follows its object's create by milliseconds; well inside the apiserver's webhook timeout."""
+ARRIVAL_POLL = 0.01
+
+ClaimName = tuple[str, str, str]
+"""(kind, namespace, name) of a ResourceClaim or ResourceClaimTemplate."""
+
+
+class MissRecorder:
+    """Claim facts that note each name they could not answer, so the handler knows what to wait for
+    without the core reporting it: the core stays the same pure call."""
+
+    def __init__(self, facts: Any) -> None:
+        self.facts = facts
+        self.missed: list[ClaimName] = []
+
+    def device_requests(self, kind: str, namespace: str, name: str) -> DeviceRequests | None:
+        found: DeviceRequests | None = self.facts.device_requests(kind, namespace, name)
+        if found is None:
+            self.missed.append((kind, namespace, name))
+        return found
 
 
 class _ClaimKindCache(WatchedCache):
@@ -41,6 +71,9 @@ class _ClaimKindCache(WatchedCache):
         if key is None or key[1] is None:
             return None
         return (key[1], key[2]), device_requests(obj)
+
+    def size(self) -> float:
+        return float(len(self._items))
 
     def requests(self, namespace: str, name: str) -> DeviceRequests | None:
         found: DeviceRequests | None = self._items.get((namespace, name))
@@ -63,6 +96,23 @@ class ClaimCache:
         if cache is None or not cache.ready():
             return None
         return cache.requests(namespace, name)
+
+    async def arrival(self, names: Iterable[ClaimName], timeout: float = ARRIVAL_WAIT) -> bool:
+        """Whether every one of ``names`` is held within ``timeout`` seconds. False at once while a
+        cache is not synced: then nothing says the name exists, and a resync is not milliseconds."""
+        wanted = tuple(dict.fromkeys(names))
+        deadline = time.monotonic() + timeout
+        while True:
+            if all(self.device_requests(*name) is not None for name in wanted):
+                return True
+            if not all(cache.ready() for cache in self._kinds.values()) or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(ARRIVAL_POLL)
+
+    def export_sizes(self, metrics: ServiceMetrics) -> None:
+        """``ix_gpu_claim_cache_size{kind}``, computed at scrape time."""
+        for kind, cache in self._kinds.items():
+            metrics.claim_cache_size.labels(kind).set_function(cache.size)
 
     def start(self) -> None:
         for cache in self._kinds.values():

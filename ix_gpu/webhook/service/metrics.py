@@ -100,6 +100,19 @@ class ServiceMetrics:
             "Errors of the namespace list/watch (each followed by a backoff).",
             registry=self.registry,
         )
+        self.claim_waits = Counter(
+            "ix_gpu_claim_waits",
+            "Reviews naming a DRA claim or claim template the claim caches did not hold yet, which "
+            "waited for the watch: arrived, or missing after the wait (then policy.claimLookupFailure).",
+            ("outcome",),
+            registry=self.registry,
+        )
+        self.claim_cache_size = Gauge(
+            "ix_gpu_claim_cache_size",
+            "ResourceClaims and ResourceClaimTemplates held by the watch-backed claim caches.",
+            ("kind",),
+            registry=self.registry,
+        )
         self.config_info = Gauge(
             "ix_gpu_config_info",
             "1 for the digest of the config being served.",
@@ -113,6 +126,8 @@ class ServiceMetrics:
             self.cert_reloads.labels(result)
         for result in ("hit", "fetched", "absent", "failed"):
             self.namespace_lookups.labels(result)
+        for outcome in ("arrived", "missing"):
+            self.claim_waits.labels(outcome)
 
     def namespace_cache_gauges(self, size: Callable[[], float], staleness: Callable[[], float]) -> None:
         """Expose the cache's size and staleness, computed at scrape time."""

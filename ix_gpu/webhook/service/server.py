@@ -192,7 +192,9 @@ def _cluster_sources(
     namespaces = NamespaceCache(
         KubernetesNamespaceApi(client), metrics=metrics, lookup_timeout=options.namespace_lookup_timeout
     )
-    return namespaces, kubernetes_claim_cache(client)
+    claims = kubernetes_claim_cache(client)
+    claims.export_sizes(metrics)
+    return namespaces, claims
 
 
 def _bind(host: str, port: int) -> socket.socket:
