@@ -24,6 +24,42 @@ NAMESPACE = "ix-gpu-system"
 NS_PATH = f"/api/v1/namespaces/{NAMESPACE}"
 RESOURCE = "iluvatar.com/gpu"
 
+# What a GPU pod sees, printed for the test to judge (run as root: mknod needs it): the device
+# nodes it was given, each opened; another chip's device refused by the device cgroup; the driver
+# root read-only; the environment the injection set. Then it sleeps, holding its GPU.
+DEVICE_CHECK = r"""
+import glob, os, stat
+given = sorted(glob.glob("/dev/iluvatar*"))
+print("given:", " ".join(given))
+for path in given:
+    os.close(os.open(path, os.O_RDONLY))
+    print("opened:", path)
+# A device the container was not given: made here with the numbers of another node chip. The
+# device cgroup refuses the open (EPERM) whatever the file says.
+for numbers in ((10, 237), (10, 234), (10, 235), (10, 183)):
+    if any(os.stat(p).st_rdev == os.makedev(*numbers) for p in given):
+        continue
+    os.mknod("/tmp/other", stat.S_IFCHR | 0o666, os.makedev(*numbers))
+    try:
+        os.close(os.open("/tmp/other", os.O_RDONLY))
+        print("other: opened", numbers)
+    except OSError as err:
+        print("other: refused", numbers, err.errno)
+    os.unlink("/tmp/other")
+    break
+try:
+    open("/usr/local/corex/written", "w")
+    print("driver root: writable")
+except OSError as err:
+    print("driver root: read-only", err.errno)
+print("driver root:", " ".join(sorted(os.listdir("/usr/local/corex"))))
+print("LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""))
+print("IX_VISIBLE_DEVICES=" + os.environ.get("IX_VISIBLE_DEVICES", ""))
+print("done", flush=True)
+import time
+time.sleep(3600)
+"""
+
 
 class Release:
     """A release of charts/ix-gpu in ``NAMESPACE`` on the real-node cluster."""

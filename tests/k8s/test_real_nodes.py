@@ -37,7 +37,15 @@ from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import REAL_NODES
-from tests.k8s.real_release import NAMESPACE, NS_PATH, RESOURCE, Release, image_pod, open_release
+from tests.k8s.real_release import (
+    DEVICE_CHECK,
+    NAMESPACE,
+    NS_PATH,
+    RESOURCE,
+    Release,
+    image_pod,
+    open_release,
+)
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
@@ -47,38 +55,6 @@ RELEASE = "ixr"
 WEBHOOK = f"{RELEASE}-ix-gpu-webhook"
 MWC = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}-ix-gpu"
 INJECTED = "ix-gpu.io/injected"
-
-DEVICE_CHECK = r"""
-import glob, os, stat
-given = sorted(glob.glob("/dev/iluvatar*"))
-print("given:", " ".join(given))
-for path in given:
-    os.close(os.open(path, os.O_RDONLY))
-    print("opened:", path)
-# A device the container was not given: made here with the numbers of another node chip. The
-# device cgroup refuses the open (EPERM) whatever the file says.
-for numbers in ((10, 237), (10, 234), (10, 235), (10, 183)):
-    if any(os.stat(p).st_rdev == os.makedev(*numbers) for p in given):
-        continue
-    os.mknod("/tmp/other", stat.S_IFCHR | 0o666, os.makedev(*numbers))
-    try:
-        os.close(os.open("/tmp/other", os.O_RDONLY))
-        print("other: opened", numbers)
-    except OSError as err:
-        print("other: refused", numbers, err.errno)
-    os.unlink("/tmp/other")
-    break
-try:
-    open("/usr/local/corex/written", "w")
-    print("driver root: writable")
-except OSError as err:
-    print("driver root: read-only", err.errno)
-print("driver root:", " ".join(sorted(os.listdir("/usr/local/corex"))))
-print("LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""))
-print("done", flush=True)
-import time
-time.sleep(3600)
-"""
 
 # Counts the image's pyc files that Python would not use: a timestamp pyc whose recorded source
 # mtime or size no longer matches, or a module with no pyc at all. (Double quotes only: it runs
