@@ -468,3 +468,37 @@ def test_the_kubelet_saw_every_prepare_answered_within_its_first_bucket(release:
                 dra_lines = [line for line in text.splitlines() if line.startswith("dra_")]
                 assert count >= 1, f"{node}: no {method} call in the kubelet's metrics: {dra_lines}"
             assert series.get("_bucket<=0.1", 0.0) == count, (node, method, series)
+
+
+def test_relabelled_for_the_device_plugin_a_node_changes_allocator(release: Release) -> None:
+    """One allocator per node, handed over for real: gpu-a's label goes to ``device-plugin``. The
+    DRA DaemonSet no longer selects the node, so its pod there goes, and the kubelet drops the
+    slice of the driver that unregistered; only then does the device plugin offer the chips."""
+    api = release.api
+    status, reply = api.request(
+        "PATCH",
+        "/api/v1/nodes/gpu-a",
+        {"metadata": {"labels": {ALLOCATION_LABEL: "device-plugin"}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, reply
+
+    def allocatable() -> str:
+        node = request_ok(api, "GET", "/api/v1/nodes/gpu-a")
+        return str(node["status"]["allocatable"].get("iluvatar.com/gpu", "0"))
+
+    # Sampled through the handover: never both allocators offering gpu-a's chips at once.
+    samples: list[tuple[int, str]] = []
+
+    def handed_over() -> bool:
+        samples.append((len(devices(release, "gpu-a")), allocatable()))
+        return samples[-1] == (0, "4")
+
+    wait_until(handed_over, "the device plugin offering gpu-a's 4 chips, DRA none", 180, interval=0.5)
+    assert not [s for s in samples if s[0] and s[1] != "0"], samples
+    wait_until(
+        lambda: not [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == "gpu-a"],
+        "the DRA plugin pod gone from gpu-a",
+        60,
+    )
+    assert len(devices(release, "gpu-b")) == 2  # the other node stays DRA's
