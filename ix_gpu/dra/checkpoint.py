@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ix_gpu.plugin.devices.cdi import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -85,23 +85,6 @@ def _plain(claim: PreparedClaim) -> dict[str, Any]:
         ],
         "spec_file": claim.spec_file,
     }
-
-
-def write_atomic(content: bytes, path: Path) -> None:
-    """``path`` holds ``content`` or what it held before, whatever happens: a temporary file in
-    the same directory, fsynced, renamed over it. Raises ``OSError``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(content)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 class Checkpoint:

@@ -109,6 +109,14 @@ def write_spec(spec: dict[str, Any], path: Path) -> bool:
             return False
     except FileNotFoundError:
         pass
+    write_atomic(content, path)
+    return True
+
+
+def write_atomic(content: bytes, path: Path) -> None:
+    """``path`` holds ``content`` or what it held before, whatever happens: a temporary file in
+    the same directory, fsynced, renamed over it (mode 0644). Raises ``OSError``. A container
+    runtime reading CDI specs, or a restarted plugin reading its checkpoint, never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -121,4 +129,3 @@ def write_spec(spec: dict[str, Any], path: Path) -> bool:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return True
