@@ -118,6 +118,17 @@ def claim_pod(
     return pod
 
 
+def start_claim_pod(release: Release, prefix: str, name: str, selector: str) -> tuple[str, str]:
+    """A new namespace ``<prefix>-<hex>`` with a ResourceClaimTemplate ``name`` for one device of
+    ``gpu.iluvatar.com`` matching ``selector``, and a pod ``name`` using it; (namespace, its path)."""
+    namespace = f"{prefix}-{secrets.token_hex(3)}"
+    ns = new_namespace(release.api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    request_ok(release.api, "POST", templates, claim_template(name, selector))
+    request_ok(release.api, "POST", f"{ns}/pods", claim_pod(name, release.image, template=name))
+    return namespace, ns
+
+
 def check_output(release: Release, namespace: str, pod: str) -> list[str]:
     wait_until(
         lambda: "done" in release.log(namespace, pod).splitlines(),
@@ -186,16 +197,8 @@ def test_one_allocator_per_node_the_device_plugin_offers_nothing_on_dra_nodes(re
 
 def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip(release: Release) -> None:
     api = release.api
-    namespace = f"dra-{secrets.token_hex(3)}"
-    ns = new_namespace(api, namespace)
     selector = f'device.attributes["{DRIVER}"].product == "BI-V100"'
-    request_ok(
-        api,
-        "POST",
-        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
-        claim_template("v100", selector),
-    )
-    request_ok(api, "POST", f"{ns}/pods", claim_pod("v100", release.image, template="v100"))
+    namespace, _ = start_claim_pod(release, "dra", "v100", selector)
     pod = wait_running(api, namespace, "v100", timeout=120)
     assert pod["spec"]["nodeName"] == "gpu-b"
     device, claim = allocated_device(release, namespace, pod)
@@ -249,16 +252,8 @@ def test_a_claim_that_cannot_be_met_leaves_the_pod_pending_with_the_schedulers_r
     release: Release,
 ) -> None:
     api = release.api
-    namespace = f"dra-none-{secrets.token_hex(3)}"
-    ns = new_namespace(api, namespace)
     selector = f'device.attributes["{DRIVER}"].product == "BI-V999"'
-    request_ok(
-        api,
-        "POST",
-        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
-        claim_template("none", selector),
-    )
-    request_ok(api, "POST", f"{ns}/pods", claim_pod("none", release.image, template="none"))
+    namespace, ns = start_claim_pod(release, "dra-none", "none", selector)
     event = scheduling_failure(api, namespace, "none", timeout=90)
     print(f"\nFailedScheduling: {event['message']}")
     assert "cannot allocate all claims" in event["message"], event["message"]
@@ -406,7 +401,7 @@ def test_an_unhealthy_chip_is_tainted_in_the_slice_and_no_new_claim_gets_it(rele
     lines[row] = " ".join(fields)
     generation = slices(release)["gpu-a"]["spec"]["pool"]["generation"]
     script.write_text("\n".join(lines) + "\n")
-    namespace = f"dra-sick-{secrets.token_hex(3)}"
+    namespace = ""
     try:
         wait_until(
             lambda: devices(release, "gpu-a")["gpu-3"].get("taints"),
@@ -420,20 +415,14 @@ def test_an_unhealthy_chip_is_tainted_in_the_slice_and_no_new_claim_gets_it(rele
         assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule", taint
         assert tainted["spec"]["pool"]["generation"] > generation
         assert all("taints" not in d for d in tainted["spec"]["devices"] if d["name"] != "gpu-3")
-        ns = new_namespace(api, namespace)
         selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
-        request_ok(
-            api,
-            "POST",
-            f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
-            claim_template("sick", selector),
-        )
-        request_ok(api, "POST", f"{ns}/pods", claim_pod("sick", release.image, template="sick"))
+        namespace, _ = start_claim_pod(release, "dra-sick", "sick", selector)
         event = scheduling_failure(api, namespace, "sick", timeout=90)
         assert "cannot allocate all claims" in event["message"], event["message"]
     finally:
         script.write_text(healthy)
-        api.request("DELETE", f"/api/v1/namespaces/{namespace}")
+        if namespace:
+            api.request("DELETE", f"/api/v1/namespaces/{namespace}")
     wait_until(
         lambda: not devices(release, "gpu-a")["gpu-3"].get("taints"),
         "gpu-3's taint removed",

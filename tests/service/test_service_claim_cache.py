@@ -117,6 +117,13 @@ def test_a_cluster_without_dra_leaves_every_claim_unknown(api: FakeApiServer, tm
 # --------------------------------------------------------------------------- the service over HTTPS
 
 
+def wait_claims_synced(webhook: WebhookProcess) -> None:
+    with webhook.client() as client:
+        wait_until(
+            lambda: client.get("/readyz").json()["claims"][RESOURCE_CLAIM_TEMPLATE]["synced"], "claims", 10
+        )
+
+
 def _dra_pod(template: str) -> dict[str, Any]:
     return pod(
         containers=[container("main", claims=["gpu"]), container("side")],
@@ -130,12 +137,7 @@ def test_the_webhook_injects_a_dra_pod_whose_template_it_watched(
 ) -> None:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     with WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=FAST).start(ready=True) as webhook:
-        with webhook.client() as client:
-            wait_until(
-                lambda: client.get("/readyz").json()["claims"][RESOURCE_CLAIM_TEMPLATE]["synced"],
-                "claims",
-                10,
-            )
+        wait_claims_synced(webhook)
         obj = _dra_pod("gpu")
         injected = webhook.post_review(review(obj, namespace="team-a"))["response"]
         assert injected["auditAnnotations"]["decision"] == "mutated", injected
@@ -190,12 +192,7 @@ def test_a_pod_sent_just_before_its_claim_templates_watch_event_waits_for_it(
     comes is answered per claimLookupFailure after the wait, and each outcome is counted."""
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     with WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=FAST).start(ready=True) as webhook:
-        with webhook.client() as client:
-            wait_until(
-                lambda: client.get("/readyz").json()["claims"][RESOURCE_CLAIM_TEMPLATE]["synced"],
-                "claims",
-                10,
-            )
+        wait_claims_synced(webhook)
         answers: list[dict[str, Any]] = []
         sender = threading.Thread(
             target=lambda: answers.append(webhook.post_review(review(_dra_pod("racing"), namespace="team-a")))
