@@ -154,7 +154,17 @@ def _dockerfile_install() -> list[str]:
 
 
 def test_the_image_installs_from_the_constraints_file() -> None:
-    assert _dockerfile_install() == ["-c", CONSTRAINTS, "."]
+    assert _dockerfile_install() == ["--no-compile", "-c", CONSTRAINTS, "."]
+
+
+def test_the_image_compiles_its_bytecode_independent_of_file_times() -> None:
+    """pip's pyc files record each source's mtime; an export that rounds mtimes leaves them stale
+    and every start recompiles (the real-node tier's image test counts stale pyc files)."""
+    runs = [rest for keyword, rest in _instructions() if keyword == "RUN" and "compileall" in rest]
+    assert len(runs) == 1, runs
+    assert "--invalidation-mode unchecked-hash" in runs[0] and "/opt/ix-gpu" in runs[0], runs
+    order = [rest for keyword, rest in _instructions() if keyword == "RUN"]
+    assert order.index(runs[0]) > max(i for i, rest in enumerate(order) if "pip " in rest), order
 
 
 def test_ci_installs_with_the_same_constraints_file() -> None:
