@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ix_gpu.config.webhook_config import Profile, WebhookConfig, Workload
+from ix_gpu.config.webhook_config import Privileged, Profile, WebhookConfig, Workload
 from ix_gpu.webhook.core.injection_record import item_digest, item_ref
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.
@@ -44,6 +44,60 @@ class InjectedEnv:
     members costs several times a string comparison, and this is checked per GPU container."""
 
 
+class ContainerFast:
+    """What one profile gives a container that holds none of its mounts or env yet: the common
+    case, done in one pass (see ``pod_injection._merge_container``). Only for profiles that never
+    set ``privileged`` and whose mount paths and env names are each distinct, so that nothing
+    added can collide with something else added."""
+
+    __slots__ = ("env", "env_names", "mine", "mount_paths", "mounts", "volume_names")
+
+    def __init__(self, volumes: tuple[InjectedVolume, ...], env: tuple[InjectedEnv, ...]) -> None:
+        self.volume_names = frozenset(v.name for v in volumes)
+        self.mount_paths = frozenset(v.mount["mountPath"] for v in volumes)
+        self.mounts = tuple(v.mount for v in volumes)
+        self.env_names = frozenset(e.name for e in env)
+        self.env = tuple((e.name, e.value) for e in env)
+        self.mine = {
+            (mounts_listed, env_listed): _mine(volumes, env, mounts_listed, env_listed)
+            for mounts_listed in (False, True)
+            for env_listed in (False, True)
+        }
+        """The container's part of the injection record, by whether its ``volumeMounts`` and
+        ``env`` were lists already (shared, never modified: it only goes into the record's JSON)."""
+
+    @staticmethod
+    def of(
+        volumes: tuple[InjectedVolume, ...], env: tuple[InjectedEnv, ...], privileged: str
+    ) -> ContainerFast | None:
+        paths = [v.mount["mountPath"] for v in volumes]
+        names = [e.name for e in env]
+        if (
+            privileged != Privileged.NEVER.value
+            or len(set(paths)) != len(paths)
+            or len(set(names)) != len(names)
+        ):
+            return None
+        return ContainerFast(volumes, env)
+
+
+def _mine(
+    volumes: tuple[InjectedVolume, ...], env: tuple[InjectedEnv, ...], mounts_listed: bool, env_listed: bool
+) -> dict[str, Any]:
+    """The record of a container that got every mount and env entry appended, built in the order
+    the general merge builds it."""
+    mine: dict[str, Any] = {}
+    if volumes:
+        mine["m"] = [v.mount_ref for v in volumes]
+        if not mounts_listed:
+            mine["new"] = ["m"]
+    if env:
+        if not env_listed:
+            mine.setdefault("new", []).append("e")
+        mine["e"] = [[e.name, e.value] for e in env]
+    return mine
+
+
 @dataclass(frozen=True, slots=True)
 class CompiledProfile:
     name: str
@@ -61,6 +115,8 @@ class CompiledProfile:
     requirement_refs: tuple[str, ...]
     toleration_refs: tuple[str, ...]
     """How ``injected-items`` names each of ``node_requirements`` and ``tolerations``."""
+    fast: ContainerFast | None
+    """The one-pass merge for a container of this profile alone, where the profile allows it."""
 
 
 def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
@@ -78,12 +134,13 @@ def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
         )
     requirements = tuple(r.to_k8s() for r in profile.affinity.required_node_expressions)
     tolerations = tuple(t.to_k8s() for t in profile.tolerations)
+    env = tuple(InjectedEnv(e.name, e.value, e.mode.value) for e in profile.env)
     return CompiledProfile(
         name=profile.name,
         index=index,
         privileged=profile.privileged.value,
         volumes=tuple(volumes),
-        env=tuple(InjectedEnv(e.name, e.value, e.mode.value) for e in profile.env),
+        env=env,
         node_selector=tuple(profile.node_selector.items()),
         node_requirements=requirements,
         tolerations=tolerations,
@@ -91,6 +148,7 @@ def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
         source=profile,
         requirement_refs=tuple(item_ref(r.get("key"), r) for r in requirements),
         toleration_refs=tuple(item_ref(t.get("key", ""), t) for t in tolerations),
+        fast=ContainerFast.of(tuple(volumes), env, profile.privileged.value),
     )
 
 
@@ -105,6 +163,9 @@ class CompiledConfig:
         self.digest = config.digest()
         self.profiles = tuple(_compile_profile(i, p) for i, p in enumerate(config.profiles))
         self.policy = config.policy
+        self.any_privileged = any(p.privileged != Privileged.NEVER.value for p in self.profiles)
+        """Some profile sets or may set ``privileged`` (else no review needs to know whether its
+        namespace allows it)."""
         self._excluded = NamePatterns(config.policy.excluded_namespaces)
         self._privileged = NamePatterns(config.policy.privileged_namespaces)
         self._workloads: dict[tuple[str, str], Workload] = {}
@@ -171,8 +232,22 @@ class NamePatterns:
         globs = [p for p in patterns if any(ch in p for ch in "*?[")]
         self._exact = frozenset(p for p in patterns if p not in globs)
         self._regex = re.compile("|".join(fnmatch.translate(g) for g in globs)) if globs else None
+        self._seen: dict[str, bool] = {}
+        """Glob results by name: a review's namespace is asked about twice (the handler, then the
+        core), and a cluster's namespaces are few. Bounded like the resource memo."""
 
     def matches(self, name: str) -> bool:
         if name in self._exact:
             return True
-        return self._regex is not None and self._regex.match(name) is not None
+        if self._regex is None:
+            return False
+        found = self._seen.get(name)
+        if found is None:
+            found = self._regex.match(name) is not None
+            if len(self._seen) < _MATCH_CACHE_LIMIT and len(name) <= MAX_NAMESPACE_CHARS:
+                self._seen[name] = found
+        return found
+
+
+MAX_NAMESPACE_CHARS = 63
+"""A namespace name is a DNS label; a longer string is matched but not remembered."""

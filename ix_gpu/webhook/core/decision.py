@@ -41,7 +41,7 @@ class NamespaceFacts:
         return cls(name=name, known=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs 3x, and one is made per review
 class MutationResult:
     decision: Decision
     ops: list[dict[str, Any]] = field(default_factory=list)

@@ -84,7 +84,10 @@ def gpu_containers(
             name = container.get("name")
             if not isinstance(name, str) or not name:
                 name = f"#{index}"
-            profiles: dict[int, CompiledProfile] = {}
+            # The profiles of the first matching resource, as the config's memo holds them (in
+            # config order); merged into a map by index only when a second resource matches.
+            first: tuple[CompiledProfile, ...] = ()
+            merged: dict[int, CompiledProfile] | None = None
             for resource in limits:
                 if exact is not None and resource not in exact:
                     continue
@@ -92,24 +95,32 @@ def gpu_containers(
                 if not matched:
                     continue
                 limit = limits[resource]
-                # Fast path for the usual manifest (a plain integer limit, no request); anything
-                # else gets the full checks and their messages.
-                if type(limit) is not int or not 0 <= limit <= MAX_GPU_COUNT or resource in requests:
+                # Fast paths for the usual manifest (a plain integer limit, or digits as a string,
+                # as gpu_count reads them; no request); anything else gets the full checks and
+                # their messages.
+                if type(limit) is str and len(limit) <= 18 and limit.isdigit() and limit.isascii():
+                    if resource in requests:
+                        limit = _gpus_requested(limits, requests, resource, name, where)
+                    else:
+                        limit = int(limit)
+                elif type(limit) is not int or not 0 <= limit <= MAX_GPU_COUNT or resource in requests:
                     limit = _gpus_requested(limits, requests, resource, name, where)
                 if limit > 0:
+                    if not first:
+                        first = matched
+                        continue
+                    if merged is None:
+                        merged = {profile.index: profile for profile in first}
                     for profile in matched:
-                        profiles[profile.index] = profile
-            for resource in requests:
-                if resource in limits or (exact is not None and resource not in exact):
-                    continue
-                if type(resource) is str and profiles_for(resource):
-                    _gpus_requested(limits, requests, resource, name, where)  # raises: no limit
-            if profiles:
-                ordered = (
-                    tuple(profiles.values())
-                    if len(profiles) == 1
-                    else tuple(profiles[i] for i in sorted(profiles))
-                )
+                        merged[profile.index] = profile
+            if requests:
+                for resource in requests:
+                    if resource in limits or (exact is not None and resource not in exact):
+                        continue
+                    if type(resource) is str and profiles_for(resource):
+                        _gpus_requested(limits, requests, resource, name, where)  # raises: no limit
+            if first:
+                ordered = first if merged is None else tuple(merged[i] for i in sorted(merged))
                 found.append(GpuContainer(list_name, index, name, container, ordered))
                 if at_most is not None and len(found) > at_most:
                     return found

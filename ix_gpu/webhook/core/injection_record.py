@@ -137,20 +137,27 @@ class TemplateRecord:
             record["aff"] = self.affinity
         if self.created:
             record["new"] = self.created
-        groups: list[tuple[str, dict[str, Any], list[str]]] = []
-        for list_name, name, mine in self.containers:
-            if "," in name or not name or len(name) > 253:
-                continue  # not a name to find a container by again
-            # Containers that got the same items share one entry (see the module docstring). A
-            # pod has one or two such groups, so comparing with each is cheaper than any index.
-            for group in groups:
-                if group[0] == list_name and group[1] == mine:
-                    group[2].append(name)
-                    break
-            else:
-                groups.append((list_name, mine, [name]))
-        for list_name, mine, names in groups:
-            record.setdefault("i" if list_name == "initContainers" else "c", {})[",".join(names)] = mine
+        if self.containers:
+            groups: list[tuple[str, dict[str, Any], list[str]]] = []
+            for list_name, name, mine in self.containers:
+                if "," in name or not name or len(name) > 253:
+                    continue  # not a name to find a container by again
+                # Containers that got the same items share one entry (see the module docstring).
+                # A pod has one or two such groups, so comparing with each is cheaper than any
+                # index.
+                for group in groups:
+                    if group[1] == mine and group[0] == list_name:
+                        group[2].append(name)
+                        break
+                else:
+                    groups.append((list_name, mine, [name]))
+            for list_name, mine, names in groups:
+                key = "i" if list_name == "initContainers" else "c"
+                joined = names[0] if len(names) == 1 else ",".join(names)
+                if key in record:
+                    record[key][joined] = mine
+                else:
+                    record[key] = {joined: mine}
         return orjson.dumps(record).decode()
 
 

@@ -134,11 +134,15 @@ def mutate(
         namespace.labels.get(labels.INJECT),
     ):
         return skipped(f'namespace "{namespace.name}" opted out ({labels.INJECT}={labels.INJECT_DISABLED})')
-    metadata = _string_map(obj, "metadata")
-    annotations = _string_map(metadata, "annotations")
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = {}
     if labels.MIRROR_POD in annotations:
         return skipped("mirror pods are managed by the kubelet")
-    if _opted_out(annotations) or _opted_out(metadata.get("labels")):
+    if annotations.get(labels.INJECT) == labels.INJECT_DISABLED or _opted_out(metadata.get("labels")):
         return skipped(f"object opted out ({labels.INJECT}={labels.INJECT_DISABLED})")
 
     plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []
@@ -156,7 +160,10 @@ def mutate(
         for found in templates:
             if not isinstance(found.body.get("spec"), dict):
                 continue
-            template_annotations = _string_map(_string_map(found.body, "metadata"), "annotations")
+            if found.body is obj:  # a Pod: its own metadata, read above
+                template_annotations = annotations
+            else:
+                template_annotations = _string_map(_string_map(found.body, "metadata"), "annotations")
             if found.pointer and _opted_out(template_annotations):
                 opted_out_templates += 1
                 continue
@@ -184,7 +191,12 @@ def mutate(
                         f"{kind} has more than {MAX_GPU_CONTAINERS} containers asking for GPUs, "
                         "the most the webhook handles"
                     )
-                plans.append((template, containers, _gpu_types(template_annotations, annotations)))
+                gpu_types = (
+                    _gpu_types(template_annotations, annotations)
+                    if labels.GPU_TYPE in template_annotations or labels.GPU_TYPE in annotations
+                    else []
+                )
+                plans.append((template, containers, gpu_types))
     except GpuRequestError as exc:
         return denied(str(exc))
     if not plans:
@@ -205,7 +217,9 @@ def mutate(
     run = InjectionRun(
         digest=config.digest,
         host_path_block=_host_path_block(namespace),
-        privileged_block=_privileged_block(namespace, config),
+        # Read only where a profile wants privileged: not worked out (a message formatted per
+        # review) for configs where none does.
+        privileged_block=_privileged_block(namespace, config) if config.any_privileged else None,
     )
     run.ops += stale_ops  # first: the injection ops below are computed on the stripped templates
     if claim_warnings:

@@ -19,7 +19,7 @@ from ix_gpu.config.text import shown
 from ix_gpu.config.webhook_config import EnvMode, Privileged
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core import patch_ops
-from ix_gpu.webhook.core.compiled_config import CompiledProfile, InjectedEnv
+from ix_gpu.webhook.core.compiled_config import CompiledProfile, ContainerFast, InjectedEnv
 from ix_gpu.webhook.core.gpu_requests import GpuContainer
 from ix_gpu.webhook.core.injection_record import TemplateRecord, item_ref, merge_records
 from ix_gpu.webhook.core.patch_ops import Op, token
@@ -112,8 +112,15 @@ def _last_index(entries: Any, key: str, value: str) -> int:
     """
     if not isinstance(entries, list):
         return -1
-    i = len(entries)
     try:
+        # Most lookups find nothing (the pod does not have our entry yet): a plain forward scan
+        # says so at about half the cost of the indexed reverse one below.
+        for entry in entries:
+            if entry.get(key) == value:
+                break
+        else:
+            return -1
+        i = len(entries)
         for entry in reversed(entries):
             i -= 1
             if entry.get(key) == value:
@@ -132,18 +139,8 @@ def _last_by(entries: Any, key: str, value: str) -> Any:
     return entries[at] if at >= 0 else None
 
 
-def _prefix(where: str) -> str:
-    return f"{where}." if where else ""
-
-
 WINDOWS_HOST_PATH = "Windows pods (spec.os.name: windows) cannot use hostPath"
 WINDOWS_PRIVILEGED = "Windows pods (spec.os.name: windows) cannot be privileged"
-
-
-def _windows(spec: dict[str, Any]) -> bool:
-    """``spec.os.name: windows``: the apiserver then forbids hostPath and privileged outright."""
-    pod_os = spec.get("os")
-    return isinstance(pod_os, dict) and pod_os.get("name") == "windows"
 
 
 def inject_template(
@@ -155,7 +152,8 @@ def inject_template(
     nodes) and ``privileged`` would turn a valid Windows pod into one the apiserver rejects, so they
     are skipped with a warning (and ``privileged: required`` is denied), as under Pod Security.
     """
-    if not _windows(template.body["spec"]):
+    pod_os = template.body["spec"].get("os")
+    if not isinstance(pod_os, dict) or pod_os.get("name") != "windows":
         _inject_template(template, containers, gpu_types, run)
         return
     saved = run.host_path_block, run.privileged_block
@@ -171,41 +169,64 @@ def _inject_template(
 ) -> None:
     start = len(run.ops)
     spec: dict[str, Any] = template.body["spec"]
-    spec_ptr = f"{template.pointer}/spec"
-    where = _prefix(template.where)
-    by_index: dict[int, CompiledProfile] = {}
+    spec_ptr = template.pointer + "/spec"
+    where = template.where + "." if template.where else ""
+    # The profiles of all GPU containers, in config order. Usually every container holds the
+    # same tuple (one GPU resource, as the config's memo returns it), which is then the answer.
+    profiles = containers[0].profiles
     for container in containers:
-        for profile in container.profiles:
-            by_index[profile.index] = profile
-    profiles = [by_index[i] for i in sorted(by_index)]
+        if container.profiles != profiles:
+            by_index: dict[int, CompiledProfile] = {}
+            for other in containers:
+                for profile in other.profiles:
+                    by_index[profile.index] = profile
+            profiles = tuple(by_index[i] for i in sorted(by_index))
+            break
 
     record = TemplateRecord()
     mountable = _merge_volumes(spec, spec_ptr, where, profiles, run, record)
     for container in containers:
         _merge_container(container, spec_ptr, where, mountable, run, record)
-    _merge_node_selector(spec, spec_ptr, where, profiles, run, record)
-    _merge_tolerations(spec, spec_ptr, profiles, run, record)
-    requirements = [r for p in profiles for r in p.node_requirements]
-    refs = [ref for p in profiles for ref in p.requirement_refs]
+    requirements: list[dict[str, Any]] = []
+    refs: list[str] = []
+    selector = tolerations = runtime_class = False
+    for profile in profiles:
+        if profile.node_requirements:
+            requirements += profile.node_requirements
+            refs += profile.requirement_refs
+        selector = selector or bool(profile.node_selector)
+        tolerations = tolerations or bool(profile.tolerations)
+        runtime_class = runtime_class or bool(profile.runtime_class_name)
+    # Each merge below does nothing for profiles without its kind of item; skipped, not called.
+    if selector:
+        _merge_node_selector(spec, spec_ptr, where, profiles, run, record)
+    if tolerations:
+        _merge_tolerations(spec, spec_ptr, profiles, run, record)
     if gpu_types:
         wanted = {"key": labels.GPU_PRODUCT, "operator": "In", "values": gpu_types}
         requirements.append(wanted)
         refs.append(item_ref(labels.GPU_PRODUCT, wanted))
-    _merge_required_node_affinity(spec, spec_ptr, requirements, refs, run, record)
-    _merge_runtime_class(spec, spec_ptr, where, profiles, run, record)
+    if requirements:
+        _merge_required_node_affinity(spec, spec_ptr, requirements, refs, run, record)
+    if runtime_class:
+        _merge_runtime_class(spec, spec_ptr, where, profiles, run, record)
 
-    names = [p.name for p in profiles]
-    for name in names:
+    if len(profiles) == 1:
+        name = profiles[0].name
         run.profiles_used[name] = None
+    else:
+        names = [p.name for p in profiles]
+        run.profiles_used.update(dict.fromkeys(names))
+        name = "+".join(names)
     encoded = record.encode() if len(run.ops) > start else None
-    _set_injected_annotations(template, "+".join(names) + "@" + run.digest, encoded, run)
+    _set_injected_annotations(template, name + "@" + run.digest, encoded, run)
 
 
 def _merge_volumes(
     spec: dict[str, Any],
     spec_ptr: str,
     where: str,
-    profiles: list[CompiledProfile],
+    profiles: tuple[CompiledProfile, ...],
     run: InjectionRun,
     record: TemplateRecord,
 ) -> set[str]:
@@ -242,9 +263,10 @@ def _merge_volumes(
                     f"{where}spec.volumes[name={volume.name}]: the pod already has a different volume of "
                     f"this name; kept it and did not mount profile {profile.name}'s{still}"
                 )
-    if new and not isinstance(existing, list):
-        record.created.append("vol")
-    patch_ops.add_to_list(run.ops, f"{spec_ptr}/volumes", existing, new)
+    if new:
+        if not isinstance(existing, list):
+            record.created.append("vol")
+        patch_ops.add_to_list(run.ops, spec_ptr + "/volumes", existing, new)
     return mountable
 
 
@@ -257,36 +279,98 @@ def _merge_container(
     record: TemplateRecord,
 ) -> None:
     body = container.body
-    mine: dict[str, Any] = {}
     ptr = f"{spec_ptr}/{container.list_name}/{container.index}"
-    label = f"{where}{container.list_name}[name={container.name}]"
+    profiles = container.profiles
+    if len(profiles) == 1:
+        fast = profiles[0].fast
+        if fast is not None and fast.volume_names <= mountable:
+            given = _merge_fast(fast, body, ptr, run)
+            if given is not None:
+                if given:
+                    record.containers.append((container.list_name, container.name, given))
+                return
 
-    mounts = body.get("volumeMounts")
-    new_mounts: list[dict[str, Any]] = []
-    for profile in container.profiles:
-        for volume in profile.volumes:
-            if volume.name not in mountable:
-                continue
-            path = volume.mount["mountPath"]
-            current = _last_by(mounts, "mountPath", path)
-            if current is None and new_mounts:
-                current = _last_by(new_mounts, "mountPath", path)
-            if current is None:
-                new_mounts.append(volume.mount)
-                mine.setdefault("m", []).append(volume.mount_ref)
-            elif not same(current, volume.mount):
-                run.conflicts.append(
-                    f"{label}.volumeMounts[mountPath={path}]: already mounts "
-                    f"{shown(current.get('name'))} there; kept it"
-                )
-    if new_mounts and not isinstance(mounts, list):
-        mine["new"] = ["m"]
-    patch_ops.add_to_list(run.ops, f"{ptr}/volumeMounts", mounts, new_mounts)
+    mine: dict[str, Any] = {}
+    if mountable:
+        mounts = body.get("volumeMounts")
+        new_mounts: list[dict[str, Any]] = []
+        refs: list[str] = []
+        for profile in container.profiles:
+            for volume in profile.volumes:
+                if volume.name not in mountable:
+                    continue
+                path = volume.mount["mountPath"]
+                current = _last_by(mounts, "mountPath", path)
+                if current is None and new_mounts:
+                    current = _last_by(new_mounts, "mountPath", path)
+                if current is None:
+                    new_mounts.append(volume.mount)
+                    refs.append(volume.mount_ref)
+                elif not same(current, volume.mount):
+                    run.conflicts.append(
+                        f"{_label(where, container)}.volumeMounts[mountPath={path}]: already mounts "
+                        f"{shown(current.get('name'))} there; kept it"
+                    )
+        if new_mounts:
+            mine["m"] = refs
+            if not isinstance(mounts, list):
+                mine["new"] = ["m"]
+            patch_ops.add_to_list(run.ops, ptr + "/volumeMounts", mounts, new_mounts)
 
-    _merge_env(body, ptr, label, container.profiles, run, mine)
-    _merge_privileged(body, ptr, label, container.profiles, run, mine)
+    _merge_env(body, ptr, where, container, run, mine)
+    _merge_privileged(body, ptr, where, container, run, mine)
     if mine:
         record.containers.append((container.list_name, container.name, mine))
+
+
+def _merge_fast(
+    fast: ContainerFast, body: dict[str, Any], ptr: str, run: InjectionRun
+) -> dict[str, Any] | None:
+    """The merge of one profile into a container that has none of its mounts (by path) and none
+    of its env (by name): every item appended, in the order and form of the general merge; returns
+    the container's part of the record. None, having done nothing, when the container holds any
+    of them (or entries that are not maps): the general merge then decides, conflicts and all."""
+    mounts = body.get("volumeMounts")
+    env = body.get("env")
+    mounts_listed = isinstance(mounts, list)
+    env_listed = isinstance(env, list)
+    try:
+        if isinstance(mounts, list) and fast.mount_paths:
+            paths = fast.mount_paths
+            for entry in mounts:
+                if entry.get("mountPath") in paths:
+                    return None
+        if isinstance(env, list) and fast.env_names:
+            names = fast.env_names
+            for entry in env:
+                if entry.get("name") in names:
+                    return None
+    except (AttributeError, TypeError):  # a non-map entry, or an unhashable name
+        return None
+    ops = run.ops
+    if fast.mounts:
+        if mounts_listed:
+            path = ptr + "/volumeMounts/-"
+            for mount in fast.mounts:
+                ops.append({"op": "add", "path": path, "value": mount})
+        else:
+            ops.append({"op": "add", "path": ptr + "/volumeMounts", "value": list(fast.mounts)})
+    if fast.env:
+        # Fresh maps: a patch applied in place puts them into the object, which may change later.
+        if env_listed:
+            path = ptr + "/env/-"
+            for name, value in fast.env:
+                ops.append({"op": "add", "path": path, "value": {"name": name, "value": value}})
+        else:
+            ops.append(
+                {"op": "add", "path": ptr + "/env", "value": [{"name": n, "value": v} for n, v in fast.env]}
+            )
+    return fast.mine[mounts_listed, env_listed]
+
+
+def _label(where: str, container: GpuContainer) -> str:
+    """How a conflict or warning names the container (built only when one is written)."""
+    return f"{where}{container.list_name}[name={container.name}]"
 
 
 _OVERRIDE = EnvMode.OVERRIDE.value
@@ -315,8 +399,8 @@ def _merged_value(current: str, var: InjectedEnv) -> str:
 def _merge_env(
     body: dict[str, Any],
     ptr: str,
-    label: str,
-    profiles: tuple[CompiledProfile, ...],
+    where: str,
+    container: GpuContainer,
     run: InjectionRun,
     mine: dict[str, Any],
 ) -> None:
@@ -325,7 +409,7 @@ def _merge_env(
     updated: dict[int, str] = {}
     appended: list[dict[str, Any]] = []
     appended_at: dict[str, int] = {}
-    for profile in profiles:
+    for profile in container.profiles:
         for var in profile.env:
             if var.name in appended_at:
                 item = appended[appended_at[var.name]]
@@ -338,12 +422,14 @@ def _merge_env(
                 continue
             entry = entries[i]
             if "valueFrom" in entry:
+                label = _label(where, container)
                 run.conflicts.append(f"{label}.env[name={var.name}]: set from valueFrom by the user; kept it")
                 continue
             raw = updated.get(i, entry.get("value", ""))
             current = raw if isinstance(raw, str) else ""
             merged = _merged_value(current, var)
             if var.mode == _SET_IF_ABSENT and current != var.value:
+                label = _label(where, container)
                 run.conflicts.append(
                     f"{label}.env[name={var.name}]: the user's value {shown(current)} kept "
                     f"(profile {profile.name} would set {var.value!r})"
@@ -351,6 +437,7 @@ def _merge_env(
             elif var.mode == _OVERRIDE and current != var.value and i not in updated:
                 # A warning, not a conflict: override is the operator's "ours wins", which
                 # conflictPolicy deny must not turn into a denial; the user still hears of it.
+                label = _label(where, container)
                 run.warnings.append(
                     f"{label}.env[name={var.name}]: the user's value {shown(current)} replaced "
                     f"with {var.value!r} (profile {profile.name}, mode override)"
@@ -368,25 +455,31 @@ def _merge_env(
             run.ops.append(patch_ops.add(f"{ptr}/env/{i}/value", value))
             written.append([entry["name"], value, None])
     if appended:
-        written += [[item["name"], item["value"]] for item in appended]
+        for item in appended:
+            written.append([item["name"], item["value"]])
         if not isinstance(env, list):
             mine.setdefault("new", []).append("e")
+        patch_ops.add_to_list(run.ops, ptr + "/env", env, appended)
     if written:
         mine["e"] = written
-    patch_ops.add_to_list(run.ops, f"{ptr}/env", env, appended)
 
 
 def _merge_privileged(
     body: dict[str, Any],
     ptr: str,
-    label: str,
-    profiles: tuple[CompiledProfile, ...],
+    where: str,
+    container: GpuContainer,
     run: InjectionRun,
     mine: dict[str, Any],
 ) -> None:
-    wanting = [p for p in profiles if p.privileged != _NEVER]
-    if not wanting:
+    profiles = container.profiles
+    for profile in profiles:
+        if profile.privileged != _NEVER:
+            break
+    else:
         return
+    wanting = [p for p in profiles if p.privileged != _NEVER]
+    label = _label(where, container)
     required = [p.name for p in wanting if p.privileged == _REQUIRED]
     context = body.get("securityContext")
     reason = run.privileged_block
@@ -412,7 +505,7 @@ def _merge_node_selector(
     spec: dict[str, Any],
     spec_ptr: str,
     where: str,
-    profiles: list[CompiledProfile],
+    profiles: tuple[CompiledProfile, ...],
     run: InjectionRun,
     record: TemplateRecord,
 ) -> None:
@@ -444,7 +537,7 @@ def _merge_node_selector(
 def _merge_tolerations(
     spec: dict[str, Any],
     spec_ptr: str,
-    profiles: list[CompiledProfile],
+    profiles: tuple[CompiledProfile, ...],
     run: InjectionRun,
     record: TemplateRecord,
 ) -> None:
@@ -453,13 +546,17 @@ def _merge_tolerations(
     new: list[dict[str, Any]] = []
     for profile in profiles:
         for toleration, ref in zip(profile.tolerations, profile.toleration_refs, strict=True):
-            if not any(same(t, toleration) for t in have):
+            for present in have:
+                if same(present, toleration):
+                    break
+            else:
                 have.append(toleration)
                 new.append(toleration)
                 record.tolerations.append(ref)
-    if new and not isinstance(existing, list):
-        record.created.append("tol")
-    patch_ops.add_to_list(run.ops, f"{spec_ptr}/tolerations", existing, new)
+    if new:
+        if not isinstance(existing, list):
+            record.created.append("tol")
+        patch_ops.add_to_list(run.ops, spec_ptr + "/tolerations", existing, new)
 
 
 def _merge_required_node_affinity(
@@ -524,7 +621,7 @@ def _merge_runtime_class(
     spec: dict[str, Any],
     spec_ptr: str,
     where: str,
-    profiles: list[CompiledProfile],
+    profiles: tuple[CompiledProfile, ...],
     run: InjectionRun,
     record: TemplateRecord,
 ) -> None:
@@ -551,17 +648,20 @@ def _set_injected_annotations(
     metadata = template.body.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
     present: dict[str, Any] = annotations if isinstance(annotations, dict) else {}
-    wanted = {labels.INJECTED: value}
+    changed: dict[str, str] = {}
+    if present.get(labels.INJECTED) != value:
+        changed[labels.INJECTED] = value
     if record:
         stored = present.get(labels.INJECTED_ITEMS)
-        same_config = isinstance(present.get(labels.INJECTED), str) and present[labels.INJECTED].endswith(
-            "@" + run.digest
-        )
-        if same_config and isinstance(stored, str):
-            spec = template.body.get("spec")
-            record = merge_records(stored, record, spec if isinstance(spec, dict) else {})
-        wanted[labels.INJECTED_ITEMS] = record
-    changed = {k: v for k, v in wanted.items() if present.get(k) != v}
+        if stored is not None:
+            same_config = isinstance(present.get(labels.INJECTED), str) and present[labels.INJECTED].endswith(
+                "@" + run.digest
+            )
+            if same_config and isinstance(stored, str):
+                spec = template.body.get("spec")
+                record = merge_records(stored, record, spec if isinstance(spec, dict) else {})
+        if stored != record:
+            changed[labels.INJECTED_ITEMS] = record
     if not changed:
         return
     meta_ptr = f"{template.pointer}/metadata"
@@ -571,4 +671,7 @@ def _set_injected_annotations(
         run.ops.append(patch_ops.add(f"{meta_ptr}/annotations", changed))
     else:
         for key, text in changed.items():
-            run.ops.append(patch_ops.add(f"{meta_ptr}/annotations/{token(key)}", text))
+            run.ops.append(patch_ops.add(f"{meta_ptr}/annotations/{_ANNOTATION_TOKENS[key]}", text))
+
+
+_ANNOTATION_TOKENS = {key: token(key) for key in (labels.INJECTED, labels.INJECTED_ITEMS)}
