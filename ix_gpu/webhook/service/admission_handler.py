@@ -53,7 +53,7 @@ Known = NamespaceFacts | LookupFailed | None
 """What the caller already knows of the review's namespace (None: only what is in memory)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ costs 3x, and one is made per review
 class Answer:
     """What one review came to: plain data, because it may be computed in a forked child (see
     :class:`.limits.HeavyLane`) and the parent does the side effects (metrics, the log line)."""
@@ -175,8 +175,10 @@ class AdmissionHandler:
         """The review's answer; no I/O and no side effects, so it can run in a forked child."""
         hit = False
         claims = MissRecorder(self._claims)
+        obj = review.obj
+        workload = obj is not None and self._is_workload(obj, config)
         try:
-            decided = self._decide(review, config, known, claims)
+            decided = self._decide(review, config, known, claims, workload)
             if isinstance(decided, str):
                 return Answer(0, b"", lookup=decided)
             result, hit = decided
@@ -187,8 +189,8 @@ class AdmissionHandler:
         else:
             internal_error = None
             status_code = 403
-        obj = review.obj
-        kind = review.kind if obj is not None and self._is_workload(obj, config) else OTHER
+        # ``_value_``: the plain attribute behind ``.value``, which is a descriptor call on 3.11.
+        decision: str = result.decision._value_
         return Answer(
             200,
             review_response(review.uid, result, status_code=status_code),
@@ -199,24 +201,30 @@ class AdmissionHandler:
                 "name": review.name,
                 "operation": review.operation,
                 "dryRun": review.dry_run,
-                "result": result.decision.value,
+                "result": decision,
                 "ops": len(result.ops),
                 "reason": result.reason,
             },
-            metric_kind=kind,
-            decision=result.decision.value,
+            metric_kind=review.kind if workload else OTHER,
+            decision=decision,
             pod_security_unchecked=result.pod_security_unchecked,
             namespace_hit=hit,
             internal_error=internal_error,
-            claims_missed=tuple(claims.missed),
+            claims_missed=tuple(claims.missed) if claims.missed else (),
         )
 
     def _decide(
-        self, review: ReviewRequest, config: CompiledConfig, known: Known, claims: ClaimFacts
+        self,
+        review: ReviewRequest,
+        config: CompiledConfig,
+        known: Known,
+        claims: ClaimFacts,
+        workload: bool,
     ) -> tuple[MutationResult, bool] | str:
-        """(result, whether the namespace's facts came from memory), or the namespace to fetch."""
+        """(result, whether the namespace's facts came from memory), or the namespace to fetch.
+        ``workload``: the object is of a configured kind (:meth:`_is_workload`)."""
         obj, operation, namespace = review.obj, review.operation, review.namespace
-        if operation != "CREATE" or obj is None or not self._is_workload(obj, config):
+        if operation != "CREATE" or obj is None or not workload:
             # Not ours to mutate: the core says why without needing the namespace.
             return mutate(obj, operation, NamespaceFacts.unknown(namespace), config, claims), False
         if not namespace or config.namespace_excluded(namespace):
@@ -270,7 +278,9 @@ class AdmissionHandler:
             self._metrics.unchecked_pod_security.inc()
         elapsed = time.perf_counter() - started
         self._metrics.duration.observe(elapsed)
-        info_line(log, "admission", {**answer.fields, "durationMs": round(elapsed * 1000, 3)})
+        fields = answer.fields  # this answer's own, and this is its last use
+        fields["durationMs"] = round(elapsed * 1000, 3)
+        info_line(log, "admission", fields)
         return answer.status, answer.body
 
     def reject(self, status: int, message: str, started: float) -> tuple[int, bytes]:
