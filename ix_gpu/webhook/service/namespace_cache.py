@@ -421,6 +421,7 @@ class NamespaceCache(WatchedCache):
         super().__init__(api, watch_timeout=watch_timeout, backoff=backoff, clock=clock)
         self._namespaces = api
         self._metrics = metrics
+        self._counters: dict[str, Any] = {}
         self._lookup_timeout = lookup_timeout
         self._inflight: dict[str, asyncio.Future[NamespaceFacts]] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ns-get")
@@ -490,5 +491,10 @@ class NamespaceCache(WatchedCache):
         return facts
 
     def _count(self, result: str) -> None:
-        if self._metrics is not None:
-            self._metrics.namespace_lookups.labels(result).inc()
+        # The labelled child is looked up once per result: ``labels()`` on every admission (a hit
+        # is counted for nearly every review) cost about 7,000 instructions of a 2 KB review's 350,000.
+        counter = self._counters.get(result)
+        if counter is None and self._metrics is not None:
+            counter = self._counters[result] = self._metrics.namespace_lookups.labels(result)
+        if counter is not None:
+            counter.inc()
