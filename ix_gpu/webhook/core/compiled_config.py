@@ -46,7 +46,7 @@ class InjectedEnv:
 
 class ContainerFast:
     """What one profile gives a container that holds none of its mounts or env yet: the common
-    case, done in one pass (see ``pod_injection._merge_container``). Only for profiles that never
+    case, done in one pass (see ``container_injection.merge_container``). Only for profiles that never
     set ``privileged`` and whose mount paths and env names are each distinct, so that nothing
     added can collide with something else added."""
 

@@ -18,7 +18,7 @@ tell whether it is still as written:
 - ``new``: the lists and maps the injection created, removed again once stripping empties them.
 
 The digest (:func:`item_digest`) is a short hash of the item with empty fields dropped, the same
-equality :func:`~.pod_injection.same` uses, so the apiserver's defaulting (``hostPath.type: ""``)
+equality :func:`~.injection_run.same` uses, so the apiserver's defaulting (``hostPath.type: ""``)
 does not make an injected item look changed. A record of the whole patch ops (this module's first
 format) was 43 % of the answer for a 10-container pod and was stored with every Pod; this one is a
 fraction of it. The config's items are digested once, when the config is compiled.

@@ -19,7 +19,8 @@ from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied, skipped
 from ix_gpu.webhook.core.gpu_requests import GpuContainer, GpuRequestError, gpu_containers
 from ix_gpu.webhook.core.injection_record import strip_stale
-from ix_gpu.webhook.core.pod_injection import InjectionDenied, InjectionRun, inject_template
+from ix_gpu.webhook.core.injection_run import InjectionDenied, InjectionRun
+from ix_gpu.webhook.core.pod_injection import inject_template
 from ix_gpu.webhook.core.templates import PodTemplate, TemplateKeyError, find_templates
 
 _PSA_LEVELS = ("privileged", "baseline", "restricted")
