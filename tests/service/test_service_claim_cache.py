@@ -9,6 +9,7 @@ tier points the same code at a real kube-apiserver.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -214,3 +215,24 @@ def test_a_pod_sent_just_before_its_claim_templates_watch_event_waits_for_it(
         assert 'ix_gpu_claim_waits_total{outcome="arrived"} 1.0' in metrics, metrics
         assert 'ix_gpu_claim_waits_total{outcome="missing"} 1.0' in metrics, metrics
         assert 'ix_gpu_claim_cache_size{kind="ResourceClaimTemplate"} 2.0' in metrics, metrics
+
+
+def test_waiting_for_a_claim_that_never_comes_checks_a_few_times_and_gives_up(cache: ClaimCache) -> None:
+    """Bounded in time and in work: a review naming a claim nobody creates wakes about ten times in
+    the whole wait, so many such reviews cannot keep the event loop busy."""
+    checks = 0
+    real = cache.device_requests
+
+    def counted(kind: str, namespace: str, name: str) -> Any:
+        nonlocal checks
+        checks += 1
+        return real(kind, namespace, name)
+
+    cache.device_requests = counted  # type: ignore[method-assign]
+    started = time.monotonic()
+    arrived = asyncio.run(cache.arrival([(RESOURCE_CLAIM_TEMPLATE, "team-a", "never")] * 3, timeout=1.5))
+    waited = time.monotonic() - started
+    assert arrived is False
+    assert 1.5 <= waited < 2.5, waited
+    assert checks <= 12, checks
+    assert asyncio.run(cache.arrival([(RESOURCE_CLAIM_TEMPLATE, "team-a", "gpu")], timeout=1.5)) is True

@@ -35,7 +35,10 @@ from ix_gpu.webhook.service.namespace_cache import KubernetesListWatch, ListWatc
 ARRIVAL_WAIT = 1.5
 """Seconds a review waits for claims its pod names that a synced cache does not hold yet: a watch
 event follows its object's create by milliseconds; well inside the apiserver's webhook timeout."""
-ARRIVAL_POLL = 0.01
+ARRIVAL_POLLS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
+"""Pauses between checks, the last repeated: a watch event usually lands within the first few,
+and a review waiting for a claim that never comes wakes about ten times, not 150 (a client
+sending many such reviews must not turn each into a busy loop)."""
 
 ClaimName = tuple[str, str, str]
 """(kind, namespace, name) of a ResourceClaim or ResourceClaimTemplate."""
@@ -102,12 +105,14 @@ class ClaimCache:
         cache is not synced: then nothing says the name exists, and a resync is not milliseconds."""
         wanted = tuple(dict.fromkeys(names))
         deadline = time.monotonic() + timeout
+        pauses = iter(ARRIVAL_POLLS)
         while True:
             if all(self.device_requests(*name) is not None for name in wanted):
                 return True
-            if not all(cache.ready() for cache in self._kinds.values()) or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if not all(cache.ready() for cache in self._kinds.values()) or left <= 0:
                 return False
-            await asyncio.sleep(ARRIVAL_POLL)
+            await asyncio.sleep(min(next(pauses, ARRIVAL_POLLS[-1]), left))
 
     def export_sizes(self, metrics: ServiceMetrics) -> None:
         """``ix_gpu_claim_cache_size{kind}``, computed at scrape time."""
