@@ -14,6 +14,7 @@ import logging
 import pickle
 import time
 import traceback
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -48,6 +49,9 @@ class LookupFailed:
 
     reason: str
 
+
+Later = Coroutine[Any, Any, tuple[int, bytes]]
+"""An answer that has to wait for I/O: run it as a task (see :meth:`AdmissionHandler.answer`)."""
 
 Known = NamespaceFacts | LookupFailed | None
 """What the caller already knows of the review's namespace (None: only what is in memory)."""
@@ -93,38 +97,56 @@ class AdmissionHandler:
         self._limits = limits or Limits()
         self._heavy: HeavyLane | None = None  # made on first use: it needs the running loop
 
-    async def handle(self, body: bytes, started: float) -> tuple[int, bytes]:
+    def answer(self, body: bytes, started: float) -> tuple[int, bytes] | Later:
         """Answer one request body: (200, AdmissionReview), (400, one-line JSON error), or (503,
-        one-line JSON error) for a large review that could not be served within its budget."""
-        config = self._config.current
-        if len(body) <= self._limits.offload_bytes:
-            answer = await self._answer_small(body, config)
-        else:
-            try:
-                answer = await self._answer_large(body, config)
-            except OverBudget:
-                self._metrics.over_budget.inc()
-                return self.reject(
-                    503,
-                    f"a {len(body)}-byte review could not be served within its "
-                    f"{self._limits.request_budget:g} s budget; retry shortly",
-                    started,
-                )
-        return self._finish(answer, started)
+        one-line JSON error) for a large review that could not be served within its budget.
 
-    async def _answer_small(self, body: bytes, config: CompiledConfig) -> Answer:
+        Returned at once when nothing has to wait, which is the common case: a small review whose
+        namespace facts and claims are in memory is parsed, mutated and answered in the caller's
+        callback, with no task. Otherwise a coroutine the caller runs as a task: a namespace to
+        fetch, a claim the watch has not delivered yet, or a review over ``offload_bytes``, whose
+        work goes to the heavy lane (:class:`.limits.HeavyLane`)."""
+        config = self._config.current
+        if len(body) > self._limits.offload_bytes:
+            return self._large_later(body, config, started)
         try:
             review = parse_review(body)
         except ReviewError as exc:
-            return Answer(400, error_body(str(exc)), fields={"error": str(exc)})
+            return self._finish(Answer(400, error_body(str(exc)), fields={"error": str(exc)}), started)
+        answer = self._answer_review(review, config, None)
+        if answer.lookup is None and not (answer.claims_missed and isinstance(self._claims, ClaimCache)):
+            return self._finish(answer, started)
+        return self._small_later(review, config, answer, started)
+
+    async def handle(self, body: bytes, started: float) -> tuple[int, bytes]:
+        """:meth:`answer`, awaited, for a caller that is a coroutine anyway."""
+        answer = self.answer(body, started)
+        return answer if isinstance(answer, tuple) else await answer
+
+    async def _small_later(
+        self, review: ReviewRequest, config: CompiledConfig, answer: Answer, started: float
+    ) -> tuple[int, bytes]:
+        """A small review's answer once its namespace is fetched or its claims had their wait."""
         known: Known = None
-        answer = self._answer_review(review, config, known)
         if answer.lookup is not None:
             known = await self._lookup(answer.lookup)
             answer = self._answer_review(review, config, known)
         if answer.claims_missed and await self._claims_arrived(answer.claims_missed):
             answer = self._answer_review(review, config, known)
-        return answer
+        return self._finish(answer, started)
+
+    async def _large_later(self, body: bytes, config: CompiledConfig, started: float) -> tuple[int, bytes]:
+        try:
+            answer = await self._answer_large(body, config)
+        except OverBudget:
+            self._metrics.over_budget.inc()
+            return self.reject(
+                503,
+                f"a {len(body)}-byte review could not be served within its "
+                f"{self._limits.request_budget:g} s budget; retry shortly",
+                started,
+            )
+        return self._finish(answer, started)
 
     async def _claims_arrived(self, names: tuple[ClaimName, ...]) -> bool:
         """Wait (bounded) for claims a review named before the watch delivered them; see

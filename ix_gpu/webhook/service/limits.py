@@ -11,12 +11,13 @@ so one careless or hostile client must not be able to stall or bloat it:
   bounds at 60 s). Refusing every newcomer at the cap let one client that kept 128 connections
   with a request on each every 20 s lock out the apiserver and the kubelet's probes
   (:mod:`ix_gpu.runtime.connection_slots`). Idle keep-alive connections are also closed by uvicorn
-  after its keep-alive timeout.
+  after its keep-alive timeout. (Enforced by the connection's protocol, :mod:`.http_protocol`.)
 - **Headers** must be complete within ``header_timeout`` seconds of the connection (or of the
   request's first byte) and within ``max_header_bytes``: uvicorn bounds neither, so a client
   sending one header byte a second, or 128 MiB of headers, held a connection and its memory.
 - **Body bytes in flight** across all connections are capped by :class:`ByteBudget`; a request
-  that would go past it is answered 503 with ``Retry-After`` before its body is read.
+  that would go past it is answered 503 with ``Retry-After`` before its body is read
+  (:mod:`.mutate_exchange`).
 - **CPU on the loop**: a review larger than ``offload_bytes`` is parsed and mutated in a forked
   child process, one at a time, killed at ``request_budget`` seconds (:class:`HeavyLane`), so the
   loop keeps answering ``/healthz`` and small reviews meanwhile. The work per byte is bounded by
@@ -38,9 +39,8 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from ix_gpu.runtime.connection_slots import ConnectionSlots
 from ix_gpu.webhook.service.limit_settings import Limits as Limits  # re-exported
 
 log = logging.getLogger("ix_gpu.webhook")
@@ -298,161 +298,3 @@ class FreedMemory:
 
 FREED_MEMORY = FreedMemory()
 """One per process: the heap it trims is the process's."""
-
-
-def guarded_protocol(
-    limits: Limits, on_refused: Callable[[str], None], on_evicted: Callable[[], None] = lambda: None
-) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with a connection cap and header size and time limits.
-
-    (uvicorn is imported here, not at the top: the CLI reads :class:`Limits` for ``--help``.)
-    """
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    slots = ConnectionSlots(
-        limits.max_connections,
-        limits.max_connections_per_address,
-        limits.keep_idle_per_address,
-        on_evict=on_evicted,
-    )
-
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _header_bytes = 0
-        _in_headers = True
-        _over = False
-        """This request's headers went past the limit: stop keeping them, answer 431."""
-
-        # The slot's state follows the requests: idle (evictable) from the connection's start, from
-        # the end of each answer and while a request's headers arrive (not the server's work yet);
-        # busy from complete headers to the end of the answer; closing once nothing more will be
-        # served on it (a TLS shutdown can wait on the client for a while).
-        def connection_made(self, transport: Any) -> None:
-            peer = transport.get_extra_info("peername")
-            refusal = slots.admit(self, str(peer[0]) if peer else "")
-            if refusal is not None:
-                on_refused(refusal)
-                transport.abort()
-                return
-            super().connection_made(transport)
-            # The TLS layer buffers up to 256 KiB of ciphertext per connection before it stops
-            # reading the socket; with hundreds of connections streaming bodies that is most of
-            # the process's memory. Past 64 KiB the kernel's socket buffer holds the rest.
-            if hasattr(transport, "set_read_buffer_limits"):
-                transport.set_read_buffer_limits(high=limits.tls_read_buffer_bytes)
-            self._arm_header_timer()
-
-        def evict(self) -> None:
-            """Idle, so nobody waits for an answer; aborted rather than closed, so that its memory
-            goes now and not after a TLS shutdown the client may never complete."""
-            self.transport.abort()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            FREED_MEMORY.note()
-            slots.release(self)
-            self._disarm_header_timer()
-            if self.transport is None:  # refused in connection_made: nothing of uvicorn's to undo
-                return
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            # Headers still incomplete after this read but already over the limit: no need to wait
-            # for the rest (the parser callbacks below stopped keeping them).
-            if self._over and self._in_headers and not self.transport.is_closing():
-                self._refuse_headers()
-
-        # Header bytes are counted in the parser's callbacks, whatever the reads look like: one
-        # read may hold a whole request (or several), and a request may start mid-read.
-        def on_message_begin(self) -> None:
-            if self.cycle is None or self.cycle.response_complete:  # not a pipelined request
-                slots.active(self)
-            super().on_message_begin()
-            self._in_headers, self._header_bytes, self._over = True, 0, False
-            if self._header_timer is None:
-                self._arm_header_timer()
-
-        def on_url(self, url: bytes) -> None:
-            if not self._count(len(url)):
-                super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            if not self._count(len(name) + len(value) + 4):
-                super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._in_headers = False
-            self._disarm_header_timer()
-            if self._over:
-                self._refuse_headers()
-                return
-            slots.busy(self)
-            super().on_headers_complete()
-
-        def on_body(self, body: bytes) -> None:
-            if not self._over:
-                super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            if not self._over:
-                super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.transport.is_closing():
-                slots.closing(self)
-                # Answered and closing (a refusal, often before the body was read): what the
-                # client still sends is not wanted, so stop decrypting it into memory.
-                self.transport.pause_reading()
-            elif self.timeout_keep_alive_task is not None:  # else a pipelined request is served
-                slots.idle(self)
-            # The next request's headers count from their first byte; until then uvicorn's
-            # keep-alive timeout governs the idle connection.
-            self._in_headers = True
-            self._header_bytes = 0
-
-        def _count(self, size: int) -> bool:
-            """Add header bytes; True when over the limit (the bytes are then not kept)."""
-            self._header_bytes += size
-            if self._header_bytes > limits.max_header_bytes:
-                self._over = True
-            return self._over
-
-        def _refuse_headers(self) -> None:
-            if not self.transport.is_closing():
-                on_refused("header_size")
-                self._refuse(b"431 Request Header Fields Too Large")
-
-        def _arm_header_timer(self) -> None:
-            self._header_timer = self.loop.call_later(limits.header_timeout, self._header_too_slow)
-
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _header_too_slow(self) -> None:
-            self._header_timer = None
-            if self._in_headers and not self.transport.is_closing():
-                on_refused("header_timeout")
-                self._refuse(b"408 Request Timeout")
-
-        def timeout_keep_alive_handler(self) -> None:
-            super().timeout_keep_alive_handler()
-            slots.closing(self)
-
-        def send_400_response(self, msg: str) -> None:
-            super().send_400_response(msg)
-            slots.closing(self)
-
-        def _refuse(self, status: bytes) -> None:
-            self._disarm_header_timer()
-            slots.closing(self)
-            body = b'{"error":"' + status.split(b" ", 1)[1] + b'"}'
-            self.transport.write(
-                b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-            )
-            self.transport.close()
-
-    return GuardedHttpToolsProtocol

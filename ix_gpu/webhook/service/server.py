@@ -33,6 +33,7 @@ from ix_gpu.runtime.kube import in_cluster
 from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
+from ix_gpu.webhook.service.admission_review import MAX_BODY_BYTES
 from ix_gpu.webhook.service.app import HEALTHZ_BODY, JSON, Readiness, readyz_answer
 from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
 from ix_gpu.webhook.service.claim_cache import ClaimCache, kubernetes_claim_cache
@@ -43,14 +44,16 @@ from ix_gpu.webhook.service.hot_reload import (
     LiveConfig,
     poll_forever,
 )
+from ix_gpu.webhook.service.http_protocol import guarded_protocol
 from ix_gpu.webhook.service.limits import (
     FREED_MEMORY,
+    ByteBudget,
     Limits,
     fix_malloc_mmap_threshold,
     freeze_startup_heap,
-    guarded_protocol,
 )
 from ix_gpu.webhook.service.metrics import ServiceMetrics
+from ix_gpu.webhook.service.mutate_exchange import MutateLane
 from ix_gpu.webhook.service.namespace_cache import (
     KubernetesNamespaceApi,
     NamespaceCache,
@@ -90,6 +93,9 @@ class ServiceOptions:
 class Service:
     options: ServiceOptions
     app: Any
+    """The ASGI app: ``/healthz``, ``/readyz``, ``/metrics`` and 404s."""
+    lane: MutateLane
+    """``/mutate``, served by the connections' protocol."""
     ssl_context: ssl.SSLContext
     sock: socket.socket
     live_config: LiveConfig
@@ -241,18 +247,30 @@ def prepare(options: ServiceOptions) -> Service:
         }
         return namespaces.ready() and not drain.active, details
 
-    app = create_app(
+    app = create_app(metrics, readiness)
+    lane = MutateLane(
         handler,
-        metrics,
-        readiness,
         request_timeout=options.request_timeout,
-        max_inflight_body_bytes=options.limits.max_inflight_body_bytes,
+        max_body_bytes=MAX_BODY_BYTES,
+        inflight=ByteBudget(options.limits.max_inflight_body_bytes),
         closing=lambda: drain.active,
     )
     sock = _bind(options.host, options.port)
     probe_sock = None if options.probe_port is None else _bind(options.host, options.probe_port)
     return Service(
-        options, app, context, sock, live, namespaces, claims, metrics, drain, readiness, pollers, probe_sock
+        options,
+        app,
+        lane,
+        context,
+        sock,
+        live,
+        namespaces,
+        claims,
+        metrics,
+        drain,
+        readiness,
+        pollers,
+        probe_sock,
     )
 
 
@@ -267,7 +285,9 @@ async def serve(service: Service) -> None:
 
     config = uvicorn.Config(
         service.app,
-        http=guarded_protocol(service.options.limits, on_refused, service.metrics.connections_evicted.inc),
+        http=guarded_protocol(
+            service.options.limits, on_refused, service.metrics.connections_evicted.inc, service.lane
+        ),
         lifespan="off",
         log_config=None,
         access_log=False,
