@@ -133,14 +133,14 @@ def guarded_protocol(
             existing = self.cycle
             self.cycle = exchange  # type: ignore[assignment]
             if existing is None or existing.response_complete:
-                exchange.start()
+                exchange.start(in_read=True)
             else:
                 self.flow.pause_reading()
                 self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             if isinstance(cycle, MutateExchange):
-                cycle.start()
+                cycle.start(in_read=False)
             else:
                 super()._start_asgi_task(cycle, app)
 

@@ -202,16 +202,20 @@ class MutateExchange:
 
     # --- the parser's events, in the protocol's callbacks -------------------------------------
 
-    def start(self) -> None:
-        """This request is now the connection's current one (at once, or after the pipelined
-        requests before it were answered)."""
+    def start(self, *, in_read: bool) -> None:
+        """This request is now the connection's current one: at its head, in the read that
+        brought it (``in_read``: the body's timer waits for the end of that read, see
+        :meth:`waiting`), or after the pipelined requests before it were answered."""
         self._started = time.perf_counter()
         if self._refusal is not None:
             self._refuse()
         elif self._complete:
             self._answer()
-        elif self._expect_continue:
-            self._owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        else:
+            if self._expect_continue:
+                self._owner.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            if not in_read:
+                self.waiting()
 
     def body(self, chunk: bytes) -> None:
         if self._refusal is not None or self.response_complete:
