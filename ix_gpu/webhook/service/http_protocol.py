@@ -38,6 +38,8 @@ def guarded_protocol(
         _header_timer: asyncio.TimerHandle | None = None
         _header_bytes = 0
         _in_headers = True
+        _head_begun = False
+        """A request's first byte came and its head is not complete yet."""
         _over = False
         """This request's headers went past the limit: stop keeping them, answer 431."""
 
@@ -85,7 +87,12 @@ def guarded_protocol(
             # for the rest (the parser callbacks below stopped keeping them).
             if self._over and self._in_headers and not self.transport.is_closing():
                 self._refuse_headers()
-            elif isinstance(self.cycle, MutateExchange):
+                return
+            # A head begun in this read and still incomplete gets its timer now, not at its first
+            # byte: the usual request comes whole in one read and never sets one.
+            if self._head_begun and self._header_timer is None and not self.transport.is_closing():
+                self._arm_header_timer()
+            if isinstance(self.cycle, MutateExchange):
                 self.cycle.waiting()
 
         # Header bytes are counted in the parser's callbacks, whatever the reads look like: one
@@ -93,10 +100,11 @@ def guarded_protocol(
         def on_message_begin(self) -> None:
             if self.cycle is None or self.cycle.response_complete:  # not a pipelined request
                 slots.active(self)
-            super().on_message_begin()
+            # uvicorn's own begins the ASGI scope here; a /mutate exchange needs none, so the scope
+            # is made at complete headers, for the other paths only (:meth:`on_headers_complete`).
+            self.url, self.headers, self.expect_100_continue = b"", [], False
             self._in_headers, self._header_bytes, self._over = True, 0, False
-            if self._header_timer is None:
-                self._arm_header_timer()
+            self._head_begun = True
 
         def on_url(self, url: bytes) -> None:
             if not self._count(len(url)):
@@ -107,7 +115,7 @@ def guarded_protocol(
                 super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
-            self._in_headers = False
+            self._in_headers = self._head_begun = False
             self._disarm_header_timer()
             if self._over:
                 self._refuse_headers()
@@ -116,6 +124,10 @@ def guarded_protocol(
             if lane is not None and lane.serves(self.url) and not self.parser.should_upgrade():
                 self._begin_exchange(lane)
                 return
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            HttpToolsProtocol.on_message_begin(self)  # the scope, which resets what it refers to
+            self.url, self.headers, self.expect_100_continue = url, headers, expect
+            self.scope["headers"] = headers
             super().on_headers_complete()
 
         def _begin_exchange(self, lane: MutateLane) -> None:
