@@ -10,6 +10,8 @@ Servers, all started at once and each pinned to the same core (taskset), measure
 - ``go``: ``bench/go-webhook``, a Go standard-library webhook doing the same injection (built
   here into ``~/.cache/ix-gpu/``);
 - ``bare``: ``bare_app.py``, FastAPI + orjson and a hand-written injection of the same profile;
+- ``floor`` (only when named in ``--targets``): ``floor_app.py``, uvloop + TLS + httptools answering
+  each body with ix-gpu's answer computed at start: the server's cost without ix-gpu's work;
 - any ``--tree NAME=PATH``: ``python -m ix_gpu webhook`` from another checkout (an A/B).
 
 Each round runs wrk (one thread, pinned to the client core, keep-alive HTTPS) against every server
@@ -171,6 +173,9 @@ def start(name: str, tree: Path | None, workdir: Path, certs: Path, port: int, c
     elif name == "bare":
         command = [sys.executable, str(HERE / "bare_app.py"), "--port", str(port), "--cert-dir", str(certs)]
         command += ["--digest", digest]
+    elif name == "floor":
+        command = [sys.executable, str(HERE / "floor_app.py"), "--port", str(port), "--cert-dir", str(certs)]
+        command += ["--bodies", str(workdir / "bodies")]
     else:
         command = [sys.executable, "-m", "ix_gpu", "webhook", "--port", str(port), "--cert-dir", str(certs)]
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the server
@@ -244,7 +249,9 @@ def main() -> None:
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--port", type=int, default=18943, help="the first of consecutive ports")
-    parser.add_argument("--targets", default="ix-gpu,go,bare", help="comma-separated: ix-gpu, go, bare")
+    parser.add_argument(
+        "--targets", default="ix-gpu,go,bare", help="comma-separated: ix-gpu, go, bare, floor"
+    )
     parser.add_argument(
         "--tree", action="append", default=[], metavar="NAME=PATH", help="also ix-gpu from another checkout"
     )
