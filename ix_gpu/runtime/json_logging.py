@@ -69,16 +69,18 @@ def info_line(logger: logging.Logger, msg: str, fields: dict[str, Any]) -> None:
         return
     entry = {"ts": _timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields}
     line = orjson.dumps(entry, default=str, option=orjson.OPT_APPEND_NEWLINE)
+    if _pending:  # the write of this iteration's lines is already scheduled
+        _pending.append(line)
+        return
     try:
-        loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()  # (a getpid(2) on 3.11: once per iteration, not per line)
     except RuntimeError:
         _write(handler, line)
         return
     global _pending_thread
     _pending.append(line)
-    if len(_pending) == 1:
-        _pending_thread = threading.get_ident()
-        loop.call_soon(flush_pending)
+    _pending_thread = threading.get_ident()
+    loop.call_soon(flush_pending)
 
 
 _pending: list[bytes] = []
