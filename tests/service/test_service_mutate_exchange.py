@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.adversarial import near_limit_body
 from tests.support.https_client import Answer, KeepAlive, closed_by_peer, connect_tls, request_head
+from tests.support.monitors import HealthProber
 from tests.support.objects import pod, review
 from tests.support.webhook_process import WebhookProcess
 
@@ -189,3 +190,52 @@ def test_a_pipelined_body_that_stalls_after_its_turn_comes_is_a_408(local_webhoo
         assert late.status == 408 and late.closed
         assert orjson.loads(late.body) == {"error": "body not received within 1 s"}
         assert closed_by_peer(sock, 5)
+
+
+def _tiny(uid: str) -> bytes:
+    """A GPU pod review of about 250 bytes: as many as fit in one read."""
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": GPU}}]},
+    }
+    envelope = {"uid": uid, "operation": "CREATE", "namespace": "ns", "object": obj}
+    return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": envelope})
+
+
+def test_thousands_of_reviews_pipelined_behind_a_waiting_one_are_answered_in_order(
+    local_webhook: WebhookProcess,
+) -> None:
+    """What a client can put in one stream: a review whose answer waits for its child, then 2,000
+    small ones (about 750 to a read). They are served one per turn of the loop, in order: not by
+    a recursion through the queue, which ran out of stack, and not all in one callback, which
+    would stall the loop for every other client."""
+    large = near_limit_body("big-env", 100_000, "first")
+    small = b"".join(_post(_tiny(f"r{i}")) for i in range(2000))
+    with connect_tls(local_webhook.url, local_webhook.cert_dir / "ca.crt") as sock:
+        sock.settimeout(60)
+        sock.sendall(_post(large) + small)
+        answers = _read_answers(sock, 2001)
+    assert [_uid(answer) for answer in answers] == ["first", *(f"r{i}" for i in range(2000))]
+    errors = [entry for entry in local_webhook.logs() if entry.get("level") == "error"]
+    assert not errors, errors[:3]
+
+
+def test_a_read_full_of_pipelined_reviews_does_not_stall_the_loop(local_webhook: WebhookProcess) -> None:
+    """About 750 small reviews fit in one read; answered all in that read's callback they would
+    hold the loop for as long as 750 reviews take. Served one per turn, /healthz (probed from
+    another connection meanwhile) waits for at most a few of them."""
+    ca = local_webhook.cert_dir / "ca.crt"
+    stream = b"".join(_post(_tiny(f"r{i}")) for i in range(3000))
+    with (
+        HealthProber(local_webhook.url, ca, interval=0.01) as prober,
+        connect_tls(local_webhook.url, ca) as sock,
+    ):
+        sock.settimeout(60)
+        sock.sendall(stream)
+        answers = _read_answers(sock, 3000)
+    assert [_uid(answer) for answer in answers] == [f"r{i}" for i in range(3000)]
+    print(f"\n3,000 pipelined reviews: {prober.result.summary()}")
+    assert not prober.result.failures
+    assert prober.result.max < 0.1, prober.result.summary()

@@ -40,6 +40,8 @@ def guarded_protocol(
         _in_headers = True
         _head_begun = False
         """A request's first byte came and its head is not complete yet."""
+        _served_in_read = False
+        """A review was answered (or begun) in the current read: later ones in it are queued."""
         _over = False
         """This request's headers went past the limit: stop keeping them, answer 431."""
 
@@ -82,6 +84,7 @@ def guarded_protocol(
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            self._served_in_read = False
             super().data_received(data)
             # Headers still incomplete after this read but already over the limit: no need to wait
             # for the rest (the parser callbacks below stopped keeping them).
@@ -144,15 +147,33 @@ def guarded_protocol(
             )
             existing = self.cycle
             self.cycle = exchange  # type: ignore[assignment]
-            if existing is None or existing.response_complete:
-                exchange.start(in_read=True)
-            else:
-                self.flow.pause_reading()
-                self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
+            idle = existing is None or existing.response_complete
+            if idle and not self._served_in_read:
+                self._served_in_read = True
+                exchange.start(True)
+                return
+            # Behind an unanswered request, or behind one answered in this same read: queued, so
+            # that one read of pipelined requests costs the loop one review at a time.
+            self.flow.pause_reading()
+            self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
+            if idle:  # nothing is left to answer before it that would start it
+                self.loop.call_soon(self._serve_queued)
+
+        def _serve_queued(self) -> None:
+            if self.pipeline and (self.cycle is None or not self._answering()):
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+
+        def _answering(self) -> bool:
+            """A request before the queued ones is still being answered (it will start them)."""
+            queued = {id(cycle) for cycle, _app in self.pipeline}
+            return id(self.cycle) not in queued and not self.cycle.response_complete
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             if isinstance(cycle, MutateExchange):
-                cycle.start(in_read=False)
+                # The next turn of the loop, not here: here is inside the previous answer, and a
+                # queue of small reviews would otherwise recurse through one another's answers.
+                self.loop.call_soon(cycle.start, False)
             else:
                 super()._start_asgi_task(cycle, app)
 

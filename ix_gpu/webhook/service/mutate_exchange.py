@@ -202,10 +202,13 @@ class MutateExchange:
 
     # --- the parser's events, in the protocol's callbacks -------------------------------------
 
-    def start(self, *, in_read: bool) -> None:
+    def start(self, in_read: bool) -> None:
         """This request is now the connection's current one: at its head, in the read that
         brought it (``in_read``: the body's timer waits for the end of that read, see
         :meth:`waiting`), or after the pipelined requests before it were answered."""
+        if self._owner.transport.is_closing():  # gone (or refused) while it was queued
+            self.lost()
+            return
         self._started = time.perf_counter()
         if self._refusal is not None:
             self._refuse()
