@@ -153,7 +153,10 @@ def guarded_protocol(
                 exchange.start(True)
                 return
             # Behind an unanswered request, or behind one answered in this same read: queued, so
-            # that one read of pipelined requests costs the loop one review at a time.
+            # that one read of pipelined requests costs the loop one review at a time. (The answer
+            # before it armed the keep-alive timeout, which must not close a connection that has a
+            # request to serve.)
+            self._unset_keepalive_if_required()
             self.flow.pause_reading()
             self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
             if idle:  # nothing is left to answer before it that would start it
