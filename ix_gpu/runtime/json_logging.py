@@ -12,11 +12,8 @@ the logger's level.
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import logging
 import sys
-import threading
 import time
 from typing import Any
 
@@ -54,13 +51,7 @@ class JsonFormatter(logging.Formatter):
 
 
 def info_line(logger: logging.Logger, msg: str, fields: dict[str, Any]) -> None:
-    """``logger.info(msg, extra={"fields": fields})``, without the logging machinery.
-
-    On an event loop the line is written with the others of the same loop iteration, in one
-    write, just before the loop next waits: a webhook under load answers dozens of reviews per
-    iteration, and a system call per line was 3-5% of a small review's CPU. Nothing is delayed
-    beyond the iteration, and any other log line written meanwhile from the loop's thread writes
-    the pending ones first, so the order is kept."""
+    """``logger.info(msg, extra={"fields": fields})``, without the logging machinery."""
     if not logger.isEnabledFor(logging.INFO):
         return
     handler = _handler
@@ -69,55 +60,16 @@ def info_line(logger: logging.Logger, msg: str, fields: dict[str, Any]) -> None:
         return
     entry = {"ts": _timestamp(time.time()), "level": "info", "logger": logger.name, "msg": msg, **fields}
     line = orjson.dumps(entry, default=str, option=orjson.OPT_APPEND_NEWLINE)
-    if _pending:  # the write of this iteration's lines is already scheduled
-        _pending.append(line)
-        return
-    try:
-        loop = asyncio.get_running_loop()  # (a getpid(2) on 3.11: once per iteration, not per line)
-    except RuntimeError:
-        _write(handler, line)
-        return
-    global _pending_thread
-    _pending.append(line)
-    _pending_thread = threading.get_ident()
-    loop.call_soon(flush_pending)
-
-
-_pending: list[bytes] = []
-"""Lines of this loop iteration not written yet (only the loop's thread adds to it)."""
-_pending_thread = 0
-
-
-def flush_pending() -> None:
-    """Write the pending lines (a callback of the loop; also at exit, and before any other line)."""
-    handler = _handler
-    if not _pending or handler is None:
-        return
-    lines = b"".join(_pending)
-    _pending.clear()
-    _write(handler, lines)
-
-
-def _write(handler: logging.StreamHandler[Any], data: bytes) -> None:
     stream = handler.stream
     with handler.lock or _NO_LOCK:
         buffer = getattr(stream, "buffer", None)
         if buffer is not None:
             stream.flush()  # keep order with anything written through the text layer
-            buffer.write(data)
+            buffer.write(line)
             buffer.flush()
         else:
-            stream.write(data.decode())
+            stream.write(line.decode())
             stream.flush()
-
-
-class _JsonHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """stderr, JSON lines; a line from the loop's thread first writes the pending admission lines."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if _pending and threading.get_ident() == _pending_thread:
-            flush_pending()
-        super().emit(record)
 
 
 class _NoLock:
@@ -134,7 +86,7 @@ _NO_LOCK = _NoLock()
 def configure(level: str = "info") -> None:
     """Route every logger (ours, uvicorn's, the kubernetes client's) through one JSON handler."""
     global _handler
-    handler: logging.StreamHandler[Any] = _JsonHandler(sys.stderr)
+    handler: logging.StreamHandler[Any] = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     for existing in list(root.handlers):
@@ -147,6 +99,4 @@ def configure(level: str = "info") -> None:
         logger.propagate = True
     # urllib3 warns on every retry of the watch connection; our own log line says it once.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    if _handler is None:
-        atexit.register(flush_pending)  # the loop may stop before its next iteration writes them
     _handler = handler
