@@ -239,3 +239,17 @@ def test_a_read_full_of_pipelined_reviews_does_not_stall_the_loop(local_webhook:
     print(f"\n3,000 pipelined reviews: {prober.result.summary()}")
     assert not prober.result.failures
     assert prober.result.max < 0.1, prober.result.summary()
+
+
+def test_a_review_pipelined_behind_one_answered_in_the_same_read_gets_the_rest_of_its_body(
+    local_webhook: WebhookProcess,
+) -> None:
+    """The second review's head comes in the read that answered the first, its 200 KB body in
+    the reads after: queued for the next turn, it must still be read (not left paused until its
+    body's timeout answers 408)."""
+    large = near_limit_body("big-env", 200_000, "second")
+    with connect_tls(local_webhook.url, local_webhook.cert_dir / "ca.crt") as sock:
+        sock.settimeout(10)
+        sock.sendall(_post(_tiny("first")) + _post(large))
+        first, second = _read_answers(sock, 2)
+    assert (_uid(first), _uid(second)) == ("first", "second")

@@ -163,14 +163,14 @@ def guarded_protocol(
                 self.loop.call_soon(self._serve_queued)
 
         def _serve_queued(self) -> None:
-            if self.pipeline and (self.cycle is None or not self._answering()):
+            """Start the request queued behind one answered in the same read, as uvicorn starts a
+            queued cycle once the one before it is answered: reading resumes (its body may still be
+            on the way), then the request starts. Nothing else starts it: everything parsed after it
+            queued behind it."""
+            if self.pipeline and not self.transport.is_closing():
+                self.flow.resume_reading()
                 cycle, app = self.pipeline.pop()
                 self._start_asgi_task(cycle, app)
-
-        def _answering(self) -> bool:
-            """A request before the queued ones is still being answered (it will start them)."""
-            queued = {id(cycle) for cycle, _app in self.pipeline}
-            return id(self.cycle) not in queued and not self.cycle.response_complete
 
         def _start_asgi_task(self, cycle: Any, app: Any) -> None:
             if isinstance(cycle, MutateExchange):
