@@ -19,12 +19,12 @@ from ix_gpu.webhook.service.mutate_exchange import MutateExchange, MutateLane
 
 def guarded_protocol(
     limits: Limits,
+    lane: MutateLane,
     on_refused: Callable[[str], None],
-    on_evicted: Callable[[], None] = lambda: None,
-    lane: MutateLane | None = None,
+    on_evicted: Callable[[], None],
 ) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with a connection cap and header size and time limits, and
-    ``/mutate`` answered by ``lane`` (every path goes to the ASGI app when ``lane`` is None)."""
+    ``/mutate`` answered by ``lane``; every other path goes to the ASGI app."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     slots = ConnectionSlots(
@@ -124,7 +124,7 @@ def guarded_protocol(
                 self._refuse_headers()
                 return
             slots.busy(self)
-            if lane is not None and lane.serves(self.url) and not self.parser.should_upgrade():
+            if lane.serves(self.url) and not self.parser.should_upgrade():
                 self._begin_exchange(lane)
                 return
             url, headers, expect = self.url, self.headers, self.expect_100_continue

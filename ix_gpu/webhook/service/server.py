@@ -286,7 +286,7 @@ async def serve(service: Service) -> None:
     config = uvicorn.Config(
         service.app,
         http=guarded_protocol(
-            service.options.limits, on_refused, service.metrics.connections_evicted.inc, service.lane
+            service.options.limits, service.lane, on_refused, service.metrics.connections_evicted.inc
         ),
         lifespan="off",
         log_config=None,
