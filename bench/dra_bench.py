@@ -21,7 +21,7 @@ fresh plugin, CDI and checkpoint directories):
   unprepares (target <= 40 MiB).
 
 The API server is a real kube-apiserver v1.37.2 with etcd, both on loopback ports (tests/k8s's
-helpers; binaries from the tests/k8s/build.sh cache, ``--k8s-bin`` or ``IX_GPU_K8S_CLUSTER_BIN``):
+helpers; binaries from the tests/k8s/build.sh cache, ``--k8s-bin`` or ``IX_GPU_K8S_BIN``):
 no controllers, no scheduler, no kubelet. The Node object is created by this script, labelled
 ``ix-gpu.io/gpu.allocation=dra``. Where no kube-apiserver binary is found (or with ``--fake-api``),
 the stand-in of tests/dra (tests/dra/fake_resource_api.py, plain HTTP) serves instead, and the
@@ -182,10 +182,10 @@ class SliceWatch:
 
 
 def find_apiserver(given: str | None) -> Path | None:
-    """kube-apiserver v1.37.2: ``--k8s-bin``, ``IX_GPU_K8S_CLUSTER_BIN``, else the newest
+    """kube-apiserver v1.37.2: ``--k8s-bin``, ``IX_GPU_K8S_BIN``, else the newest
     tests/k8s/build.sh cache directory of that version (nothing is built here: that takes tens of
     minutes)."""
-    for candidate in (given, os.environ.get("IX_GPU_K8S_CLUSTER_BIN")):
+    for candidate in (given, os.environ.get("IX_GPU_K8S_BIN")):
         if candidate:
             return Path(candidate) if (Path(candidate) / "kube-apiserver").is_file() else None
     cache = Path(os.environ.get("IX_GPU_CACHE", Path.home() / ".cache" / "ix-gpu"))

@@ -30,7 +30,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.chart.rendering import find, render
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd
-from tests.k8s.k8s_tier import KubeAPI, build_binaries, start_etcd, start_kube_apiserver, write_kubeconfig
+from tests.k8s.k8s_tier import (
+    KubeAPI,
+    build_oldest_apiserver,
+    start_etcd,
+    start_kube_apiserver,
+    write_kubeconfig,
+)
 from tests.support.cli import ix_gpu_process
 from tests.support.net import free_port
 from tests.support.objects import pod
@@ -115,7 +121,7 @@ def server_side_apply(api: KubeAPI, objects: list[dict[str, Any]]) -> None:
 @pytest.fixture(scope="module")
 def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeAPI]:
     logs = tmp_path_factory.mktemp("chart-k8s-logs")
-    binaries = build_binaries()
+    binaries = build_oldest_apiserver()  # the chart must install on the oldest supported minor
     etcd = start_etcd(binaries, logs)
     try:
         api = start_kube_apiserver(binaries, etcd, tmp_path_factory.mktemp("chart-apiserver"), logs)
@@ -186,7 +192,6 @@ def _ensure_namespace(api: KubeAPI, name: str) -> None:
     assert status in (201, 409), body
 
 
-
 def _self_certs_published(api: KubeAPI, webhook: Process) -> bytes:
     """The CA the webhook put into its Secret, once every webhook's caBundle carries it."""
     secret = wait_until(
@@ -207,6 +212,7 @@ def _self_certs_published(api: KubeAPI, webhook: Process) -> bytes:
         process=webhook,
     )
     return ca_bundle
+
 
 def _start_webhook(api: KubeAPI, objects: list[dict[str, Any]], port: int, tmp_path: Path) -> Any:
     """The webhook process: the chart's args, its ConfigMap, its ServiceAccount's token."""

@@ -64,9 +64,10 @@ if [[ -x "$BIN/$NAME" ]]; then
     exit 0
 fi
 
-# One Go build at a time per cache root (shared with build.sh).
-exec 9>"$CACHE_ROOT/.build.lock"
-log "waiting for the build lock $CACHE_ROOT/.build.lock"
+# One build of this directory at a time; other builds (build.sh's, another command's) run beside it.
+LOCK="$CACHE_ROOT/.build-$NAME-$VERSION-$HASH.lock"
+exec 9>"$LOCK"
+log "waiting for the build lock $LOCK"
 flock 9
 if [[ -x "$BIN/$NAME" ]]; then
     log "cached (built by another process meanwhile): $BIN/$NAME"
@@ -102,7 +103,7 @@ log "built $NAME in $((SECONDS - T))s"
 touch "$OUT"
 ls -1dt "$CACHE_ROOT/$NAME-"*/ 2>/dev/null | tail -n +3 | while read -r old; do
     log "removing old build $old"
-    rm -rf "$old"
+    rm -rf "$old" "$CACHE_ROOT/.build-$(basename "$old").lock"
 done
 log "done in $((SECONDS - START))s: $BIN/$NAME"
 echo "$BIN"

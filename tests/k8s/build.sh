@@ -8,14 +8,14 @@
 #   kubelet-harness          tests/k8s/kubelet-harness (the kubelet's real device manager behind a JSON-lines CLI)
 #   fake-cri                 tests/k8s/fake-cri (a CRI runtime that runs containers as host processes)
 #
-#   bash tests/k8s/build.sh [SET or BINARY ...]
+#   bash tests/k8s/build.sh [all | BINARY ...]
 #
-# Sets: "tier" (kube-apiserver kubelet-harness kubelet fake-cri, what the webhook, device-manager and
-# kubelet suites use), "cluster" (kube-apiserver kube-controller-manager kube-scheduler kubelet
-# kube-proxy fake-cri, the mini cluster on either runtime), "all". Binary names may be given too.
-# Without arguments: "tier" on v1.35.x (the default version), "cluster" on any other version (the kubelet-harness compiles only
-# against the v1.35 device-manager API). The mini cluster uses the newest Kubernetes the proxy serves:
-#   IX_K8S_VERSION=v1.37.2 bash tests/k8s/build.sh        # = ... build.sh cluster
+# Without arguments: "all" of the current Kubernetes (v1.37.2), what every suite but the oldest-version
+# ones runs. The kubelet-harness is written against the v1.37 device-manager API (NewManagerImpl and
+# the fake topology manager take a logger, nodes come from cadvisor/lib/model, Allocate takes a
+# context and a lifecycle operation), so it compiles from v1.37 on. The oldest supported minor is
+# built for its apiserver alone:
+#   IX_K8S_VERSION=v1.35.4 bash tests/k8s/build.sh kube-apiserver
 #
 # Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/k8s-<version>-<harnesshash>/bin/. Binaries already there are
 # not built again; a later call that asks for more binaries adds them to the same directory. The cache
@@ -23,13 +23,17 @@
 # directory (Go's own build cache keeps such rebuilds short). The three newest directories of each
 # Kubernetes version are kept.
 #
+# The binaries missing are built by one `go build`, so the compiler and the linkers of different
+# binaries share the cores (linking is mostly single-threaded). Builds of different directories (two
+# versions) may run at the same time; one directory is built by one process at a time (a lock).
+#
 # Progress goes to stderr; the last line on stdout is the bin directory.
 #
 # The throwaway Go module lives in <cache dir>/src: it requires k8s.io/kubernetes and replaces every
 # staging module that the upstream go.mod maps to ./staging/src/... with the published v0.Y.Z module.
 set -euo pipefail
 
-K8S_VERSION="${IX_K8S_VERSION:-v1.35.4}"
+K8S_VERSION="${IX_K8S_VERSION:-v1.37.2}"
 CACHE_ROOT="${IX_GPU_CACHE:-$HOME/.cache/ix-gpu}"
 GO="${GO:-}"
 if [[ -z "$GO" ]]; then
@@ -58,27 +62,24 @@ HARNESS_HASH="$(
 OUT="$CACHE_ROOT/k8s-$K8S_VERSION-$HARNESS_HASH"
 BIN="$OUT/bin"
 
-# What to build: sets and binary names, in the order given (duplicates dropped).
+# What to build: "all" and binary names, in the order given (duplicates dropped).
 ALL_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubelet-harness fake-cri)
 BINARIES=()
 add() { local b; for b in "${BINARIES[@]}"; do [[ "$b" == "$1" ]] && return 0; done; BINARIES+=("$1"); }
-if (($# == 0)); then
-    # The kubelet-harness is written against the v1.35 device-manager API (v1.37 changed it), so a
-    # plain call builds the tier set on v1.35.x and the cluster set on any other version.
-    if ((K8S_MINOR == 35)); then set -- tier; else set -- cluster; fi
-fi
+(($# > 0)) || set -- all
 for arg in "$@"; do
     case "$arg" in
-    tier) for b in kube-apiserver kubelet-harness kubelet fake-cri; do add "$b"; done ;;
-    cluster) for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy fake-cri; do add "$b"; done ;;
     all) for b in "${ALL_BINARIES[@]}"; do add "$b"; done ;;
     *)
         [[ " ${ALL_BINARIES[*]} " == *" $arg "* ]] ||
-            die "unknown set or binary '$arg' (sets: tier cluster all; binaries: ${ALL_BINARIES[*]})"
+            die "unknown set or binary '$arg' (set: all; binaries: ${ALL_BINARIES[*]})"
         add "$arg"
         ;;
     esac
 done
+if ((K8S_MINOR < 37)) && [[ " ${BINARIES[*]} " == *" kubelet-harness "* ]]; then
+    die "the kubelet-harness is written against the v1.37 device-manager API; $K8S_VERSION has an older one"
+fi
 
 package() { # the Go package of a binary
     case "$1" in
@@ -101,9 +102,10 @@ if complete; then
     exit 0
 fi
 
-# One build at a time per cache root (two pytest sessions may start together).
-exec 9>"$CACHE_ROOT/.build.lock"
-log "waiting for the build lock $CACHE_ROOT/.build.lock"
+# One build of this directory at a time (two pytest sessions may start together).
+LOCK="$CACHE_ROOT/.build-k8s-$K8S_VERSION-$HARNESS_HASH.lock"
+exec 9>"$LOCK"
+log "waiting for the build lock $LOCK"
 flock 9
 if complete; then
     log "cached (built by another process meanwhile): $BIN"
@@ -180,25 +182,31 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 LDFLAGS="-s -w$VERSION_FLAGS"
 
-build() { # build <output name> <package>
-    local t=$SECONDS
-    log "go build $2 -> $BIN/$1"
-    $NICE "$GO" build -mod=mod -trimpath -ldflags "$LDFLAGS" -o "$BIN/$1.tmp" "$2" >&2 ||
-        die "go build $2 failed (see the Go error above)"
-    case "$1" in
+T=$SECONDS
+PACKAGES=()
+for b in "${TODO[@]}"; do PACKAGES+=("$(package "$b")"); done
+NEW="$BIN/.new"
+rm -rf "$NEW" && mkdir -p "$NEW"
+log "go build ${PACKAGES[*]} -> $NEW/"
+# With -o naming a directory, go build writes each main package there under its last path element.
+$NICE "$GO" build -mod=mod -trimpath -ldflags "$LDFLAGS" -o "$NEW/" "${PACKAGES[@]}" >&2 ||
+    die "go build failed (see the Go error above)"
+for b in "${TODO[@]}"; do
+    [[ -x "$NEW/$b" ]] || die "go build wrote no $NEW/$b"
+    case "$b" in
     kubelet-harness | fake-cri) ;;
-    *) "$BIN/$1.tmp" --version >&2 || die "the built $1 does not run" ;;
+    *) "$NEW/$b" --version >&2 || die "the built $b does not run" ;;
     esac
-    mv "$BIN/$1.tmp" "$BIN/$1"
-    log "built $1 in $((SECONDS - t))s"
-}
-for b in "${TODO[@]}"; do build "$b" "$(package "$b")"; done
+    mv "$NEW/$b" "$BIN/$b"
+done
+rmdir "$NEW"
+log "built ${TODO[*]} in $((SECONDS - T))s"
 
 touch "$OUT"
 # Keep the three newest builds of this version (other checkouts may use older harness versions).
 ls -1dt "$CACHE_ROOT/k8s-$K8S_VERSION-"*/ 2>/dev/null | tail -n +4 | while read -r old; do
     log "removing old build $old"
-    rm -rf "$old"
+    rm -rf "$old" "$CACHE_ROOT/.build-$(basename "$old").lock"
 done
 log "done in $((SECONDS - START))s: $BIN"
 echo "$BIN"

@@ -1,4 +1,4 @@
-"""A mini Kubernetes cluster on loopback (Kubernetes ``k8s_tier.CLUSTER_K8S_VERSION``), for the tier's
+"""A mini Kubernetes cluster on loopback (Kubernetes ``k8s_tier.CURRENT_K8S_VERSION``), for the tier's
 tests and by hand:
 
     .venv/bin/python -m tests.k8s.cluster up [--dir DIR]     # prints the kubeconfig path
@@ -42,12 +42,12 @@ from typing import Any
 import yaml
 
 from tests.k8s.k8s_tier import (
-    CLUSTER_K8S_VERSION,
+    CURRENT_K8S_VERSION,
     Etcd,
     K8sBinaries,
     KubeAPI,
     KubeletNode,
-    build_cluster_binaries,
+    build_binaries,
     start_etcd,
     start_kube_apiserver,
     start_kubelet_node,
@@ -277,7 +277,7 @@ class MiniCluster:
     def state(self) -> dict[str, Any]:
         """What ``down`` needs, and what a person wants to see."""
         return {
-            "version": CLUSTER_K8S_VERSION,
+            "version": CURRENT_K8S_VERSION,
             "runtime": self.runtime,
             "kube_proxy": str(self.binaries.kube_proxy) if self.binaries else None,
             "images": (
@@ -324,7 +324,7 @@ class MiniCluster:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.binaries is None:
-            self.binaries = build_cluster_binaries()
+            self.binaries = build_binaries()
         binaries = self.binaries
         self._timed("binaries", begin)
         if self.real_nodes is not None:

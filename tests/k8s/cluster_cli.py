@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tests.k8s import real_nodes
+from tests.k8s import host_settings, real_nodes
 from tests.k8s.chart_values import chart_values, real_node_chart_values, write_chart_inputs
 from tests.k8s.cluster import (
     CLI_CIDR_OCTET,
@@ -173,7 +173,11 @@ def up(
 def down(work_dir: Path) -> int:
     state = _read_state(work_dir)
     if state is None:
-        print(f"no cluster in {work_dir}", file=sys.stderr)
+        restored = host_settings.restore()  # a run that died before it wrote its state
+        print(
+            f"no cluster in {work_dir}{f'; host settings put back: {restored}' if restored else ''}",
+            file=sys.stderr,
+        )
         return 0
     supervisor = int(state.get("supervisor", 0))
     if supervisor and _alive(supervisor):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.k8s import host_settings
 from tests.k8s.k8s_tier import (
     HERE,
     Etcd,
@@ -30,12 +31,17 @@ from tests.k8s.k8s_tier import (
     KubeAPI,
     KubeletHarness,
     build_binaries,
+    build_oldest_apiserver,
     start_etcd,
     start_kube_apiserver,
 )
+from tests.k8s.real_nodes import HOST_BRIDGE
 from tests.support.processes import tail
 
 # --------------------------------------------------------------------------- selection
+
+REAL_NODES_NOT_RUN = pytest.StashKey[list[str]]()
+"""Why the real-node modules were skipped (real_release.skip_real_nodes), for the summary."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -72,8 +78,18 @@ def _k8s_tier_gate(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="session")
 def k8s_binaries() -> K8sBinaries:
+    """The current Kubernetes (``k8s_tier.CURRENT_K8S_VERSION``), every binary."""
     try:
         return build_binaries()
+    except RuntimeError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def oldest_binaries() -> K8sBinaries:
+    """The oldest supported minor's kube-apiserver (``k8s_tier.OLDEST_K8S_VERSION``)."""
+    try:
+        return build_oldest_apiserver()
     except RuntimeError as err:
         pytest.fail(str(err), pytrace=False)
 
@@ -92,11 +108,34 @@ def etcd(k8s_binaries: K8sBinaries, k8s_log_dir: Path) -> Iterator[Etcd]:
 
 @pytest.fixture(scope="session")
 def kube_api(
+    oldest_binaries: K8sBinaries, etcd: Etcd, k8s_log_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KubeAPI]:
+    """A real kube-apiserver of the oldest supported minor, for the suites about the apiserver's
+    side (admission, validation): ``.url``, ``.token`` (system:masters), ``.ca_path``,
+    ``.kubeconfig``, ``.api_client()`` (a kubernetes.client.ApiClient) and ``.request(method, path,
+    body)``. Its etcd prefix is its own, so it shares etcd with ``current_kube_api``."""
+    api = start_kube_apiserver(
+        oldest_binaries, etcd, tmp_path_factory.mktemp("kube-apiserver"), k8s_log_dir, etcd_prefix="/oldest"
+    )
+    yield api
+    api.stop()
+
+
+@pytest.fixture(scope="session")
+def current_kube_api(
     k8s_binaries: K8sBinaries, etcd: Etcd, k8s_log_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KubeAPI]:
-    """A real kube-apiserver: ``.url``, ``.token`` (system:masters), ``.ca_path``, ``.kubeconfig``,
-    ``.api_client()`` (a kubernetes.client.ApiClient) and ``.request(method, path, body)``."""
-    api = start_kube_apiserver(k8s_binaries, etcd, tmp_path_factory.mktemp("kube-apiserver"), k8s_log_dir)
+    """A real kube-apiserver of the current Kubernetes, for suites that register kubelets (a
+    kubelet may not be newer than its apiserver). A module that uses kubelets overrides ``kube_api``
+    with this one."""
+    api = start_kube_apiserver(
+        k8s_binaries,
+        etcd,
+        tmp_path_factory.mktemp("kube-apiserver-current"),
+        k8s_log_dir,
+        etcd_prefix="/current",
+        name="kube-apiserver-current",
+    )
     yield api
     api.stop()
 
@@ -160,3 +199,33 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     for log in sorted(Path(log_dir).glob("*.log")):
         sections.append(f"--- {log.name} (last 15 lines)\n{tail(log, 15)}")
     report.sections.append(("k8s logs", "\n".join(sections)))
+
+
+# --------------------------------------------------------------------------- the real-node tier's report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # The fixtures put the host settings back at their teardown; a run that died between a
+    # cluster's start and its teardown left them recorded, and this puts them back, unless a
+    # real-node cluster (``cluster up`` by hand) is still using them.
+    if not Path(f"/sys/class/net/{HOST_BRIDGE}").exists():
+        with contextlib.suppress(RuntimeError):
+            restored = host_settings.restore()
+            if restored:
+                print(f"\nhost settings put back at the session's end: {restored}")
+    reasons = session.config.stash.get(REAL_NODES_NOT_RUN, [])
+    report = os.environ.get("IX_GPU_TIER_REPORT")
+    if report and reasons:
+        Path(report).write_text("".join(f"{reason}\n" for reason in reasons))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    reasons = terminalreporter.config.stash.get(REAL_NODES_NOT_RUN, [])
+    if reasons:
+        terminalreporter.section("the real-node tier did not run", sep="=", yellow=True, bold=True)
+        for reason in reasons:
+            terminalreporter.line(f"  {reason}")
+        terminalreporter.line(
+            "  Not proven on this run: the chart on real containers (containerd, runc, CNI, kube-proxy), "
+            "device isolation by the device cgroup, CDI through containerd, DRA on real nodes."
+        )

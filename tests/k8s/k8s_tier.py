@@ -40,9 +40,12 @@ from tests.support.waiting import wait_until
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
 HELM_BUILD_SCRIPT = HERE / "build-helm.sh"
-CLUSTER_K8S_VERSION = "v1.37.2"
-"""The mini cluster's Kubernetes: the newest the Go module proxy serves. The existing suites use
-build.sh's default (v1.35.4, the oldest supported minor)."""
+CURRENT_K8S_VERSION = "v1.37.2"
+"""The Kubernetes every suite runs (build.sh's default): the newest the Go module proxy serves."""
+OLDEST_K8S_VERSION = "v1.35.4"
+"""The oldest supported minor, built for its kube-apiserver alone: the suites whose subject is the
+apiserver's side (admission, the chart's objects) run against it too (``kube_api``). A kubelet may
+not be newer than its apiserver, so the kubelet suites run the current pair (``current_kube_api``)."""
 HELM_VERSION = "v4.3.1"
 START_TIMEOUT_S = float(os.environ.get("IX_GPU_K8S_START_TIMEOUT", "180"))
 
@@ -113,25 +116,23 @@ def _run_build_script(script: Path, args: Sequence[str], env: dict[str, str] | N
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def build_binaries(version: str | None = None, targets: Sequence[str] = ("tier",)) -> K8sBinaries:
-    """Run build.sh for ``targets`` (sets ``tier``/``cluster``/``all`` or binary names; a no-op when
-    they are cached). ``version=None`` is build.sh's default (``IX_K8S_VERSION``, else v1.35.4), and
-    then ``IX_GPU_K8S_BIN`` overrides the whole build with an existing bin directory."""
-    if version is None:
-        override = os.environ.get("IX_GPU_K8S_BIN")
-        if override:
-            return K8sBinaries(Path(override))
-    env = None if version is None else {"IX_K8S_VERSION": version}
-    return K8sBinaries(_run_build_script(BUILD_SCRIPT, list(targets), env))
+def build_binaries(version: str = CURRENT_K8S_VERSION, targets: Sequence[str] = ("all",)) -> K8sBinaries:
+    """Run build.sh for ``targets`` ("all" or binary names) of ``version`` (a no-op when they are
+    cached; cold: tens of minutes). ``IX_GPU_K8S_BIN`` overrides the current version's build with an
+    existing bin directory."""
+    override = os.environ.get("IX_GPU_K8S_BIN")
+    if override and version == CURRENT_K8S_VERSION:
+        return K8sBinaries(Path(override))
+    return K8sBinaries(_run_build_script(BUILD_SCRIPT, list(targets), {"IX_K8S_VERSION": version}))
 
 
-def build_cluster_binaries(version: str = CLUSTER_K8S_VERSION) -> K8sBinaries:
-    """kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and fake-cri for the mini
-    cluster (cold: tens of minutes). ``IX_GPU_K8S_CLUSTER_BIN`` overrides with an existing bin directory."""
-    override = os.environ.get("IX_GPU_K8S_CLUSTER_BIN")
+def build_oldest_apiserver() -> K8sBinaries:
+    """The kube-apiserver of ``OLDEST_K8S_VERSION`` (and etcd); ``IX_GPU_K8S_OLDEST_BIN`` overrides
+    with an existing bin directory."""
+    override = os.environ.get("IX_GPU_K8S_OLDEST_BIN")
     if override:
         return K8sBinaries(Path(override))
-    return build_binaries(version, ("cluster",))
+    return build_binaries(OLDEST_K8S_VERSION, ("kube-apiserver",))
 
 
 def build_helm(version: str = HELM_VERSION) -> Path:
@@ -299,6 +300,8 @@ def start_kube_apiserver(
     extra_args: Sequence[str] = (),
     advertise_address: str | None = None,
     service_cidr: str = "10.0.0.0/24",
+    etcd_prefix: str | None = None,
+    name: str = "kube-apiserver",
 ) -> KubeAPI:
     """kube-apiserver on a free 127.0.0.1 port: token auth (system:masters), RBAC, no controllers.
     The service-account signing key is ``work_dir/pki/sa.key``. ``service_account_admission``: keep
@@ -309,7 +312,10 @@ def start_kube_apiserver(
     on every address, publishes itself as the ``kubernetes`` Service's endpoint there (lease
     reconciler), and its certificate also names that address and the Service's ClusterIP (the first
     address of ``service_cidr``), as in-cluster clients dial one or the other. Without it, the
-    ``kubernetes`` Service has no endpoints and nothing routes ``service_cidr``."""
+    ``kubernetes`` Service has no endpoints and nothing routes ``service_cidr``.
+
+    ``etcd_prefix`` keeps this apiserver's objects apart from another's on the same etcd; ``name``
+    names its log (``<log_dir>/<name>.log``)."""
     pki = work_dir / "pki"
     addresses = ["127.0.0.1"]
     if advertise_address is not None:
@@ -341,10 +347,11 @@ def start_kube_apiserver(
     port = free_port()
     url = f"https://127.0.0.1:{port}"
     proc = start_process(
-        "kube-apiserver",
+        name,
         [
             str(binaries.kube_apiserver),
             f"--etcd-servers={etcd.url}",
+            *([f"--etcd-prefix={etcd_prefix}"] if etcd_prefix else []),
             *(
                 [
                     "--bind-address=127.0.0.1",

@@ -53,6 +53,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from tests.k8s import host_settings
 from tests.k8s.k8s_tier import KUBELET_SYSCTLS, K8sBinaries, KubeAPI, unix_socket_ready, write_kubeconfig
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_process
@@ -147,8 +148,6 @@ def setup_host_network(nodes: Sequence[RealNodeSpec]) -> None:
     run(["ip", "link", "add", HOST_BRIDGE, "type", "bridge"])
     run(["ip", "addr", "add", f"{HOST_ADDRESS}/{NODE_PREFIX_LEN}", "dev", HOST_BRIDGE])
     run(["ip", "link", "set", HOST_BRIDGE, "up"])
-    if Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() != "1":
-        raise RuntimeError("net.ipv4.ip_forward is off on this machine; the tier routes pod traffic")
     # Traffic of the tier stays on this machine: Service addresses that nothing translated, and
     # anything a pod sends elsewhere, are rejected instead of leaving through the default route.
     run(["iptables", "-w", "-N", FILTER_CHAIN])
@@ -715,7 +714,7 @@ def leftovers(
             found.append(f"mount {line}")
     if TIER_ROOT.exists() and any(TIER_ROOT.iterdir()):
         found.append(f"directory {TIER_ROOT}: {sorted(p.name for p in TIER_ROOT.iterdir())}")
-    return found
+    return found + host_settings.pending()
 
 
 def ensure_mount_points() -> list[str]:
@@ -800,6 +799,9 @@ class RealNodes:
     }
 
     def prepare(self) -> Images:
+        """Raises :class:`host_settings.HostUnfit` (nothing changed) when this machine cannot run
+        real nodes; the host settings it changes are put back by ``close()``."""
+        host_settings.apply()
         self.images = build_images()
         self._created_mount_points = ensure_mount_points()
         TIER_ROOT.mkdir(parents=True, exist_ok=True)
@@ -881,3 +883,4 @@ def cleanup(specs: Sequence[RealNodeSpec] = REAL_NODES, kube_proxy: Path | None 
     remove_kube_chains(keep=before)
     teardown_host_network(specs)
     shutil.rmtree(TIER_ROOT, ignore_errors=True)
+    host_settings.restore()  # last: nothing of the tier routes through the host any more

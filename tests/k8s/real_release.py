@@ -4,19 +4,20 @@ addresses are fixed)."""
 
 from __future__ import annotations
 
-import os
+import contextlib
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
+from tests.k8s import host_settings
 from tests.k8s.cluster import MiniCluster
-from tests.k8s.conftest import _tier_requested
+from tests.k8s.conftest import REAL_NODES_NOT_RUN, _tier_requested
 from tests.k8s.helm_cli import run_helm, write_values
-from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
+from tests.k8s.k8s_tier import KubeAPI, build_binaries, build_helm
 from tests.k8s.pods import request_ok
 from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers
 
@@ -106,31 +107,61 @@ def open_release(
     tmp_path_factory: pytest.TempPathFactory,
     log_dir: Path,
     values: Callable[[Images], dict[str, Any]],
+    from_a_fresh_machine: bool = False,
 ) -> Iterator[Release]:
     """The body of a module fixture: a real-node cluster, a :class:`Release` (not installed yet)
-    with ``values(images)``, and, after the module, the check that nothing of the cluster is left."""
+    with ``values(images)``, and, after the module, the checks that nothing of the cluster is left
+    and that the host settings the tier changed are back. ``from_a_fresh_machine`` starts from a
+    fresh machine's settings (``host_settings.FRESH_MACHINE``: ``ip_forward`` off), whatever this
+    machine has, and puts this machine's own back at the end.
+
+    A machine that cannot run real nodes (not root, a read-only ``/proc/sys``, no iptables, ...)
+    skips the module with the reason; the reason is also kept for the session's summary."""
     if not _tier_requested(request.config):
         pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
-    if os.geteuid() != 0:
-        pytest.skip("real nodes need root (namespaces, cgroups, iptables)")
+    reason = host_settings.unfit_reason()
+    if reason:
+        skip_real_nodes(request.config, reason)
     # KUBE-* rules already on the host are another kubelet's or kube-proxy's, not ours to judge.
     host_chains = kube_chains()
     stale = leftovers(keep=host_chains)
     assert not stale, f"a real-node cluster is already on this machine: {stale}"
     helm = build_helm()
     work = tmp_path_factory.mktemp("real-nodes")
-    started = time.monotonic()
-    with MiniCluster(
-        work / "cluster",
-        binaries=build_cluster_binaries(),
-        plugin_config=None,
-        log_dir=log_dir,
-        runtime="containerd",
-    ) as mini:
-        print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
-        assert mini.real_nodes is not None and mini.real_nodes.images is not None
-        yield Release(mini, helm, work, values(mini.real_nodes.images))
-    assert leftovers(keep=host_chains) == [], "the real-node cluster left things behind"
+    with contextlib.ExitStack() as stack:
+        expected = (
+            stack.enter_context(host_settings.as_on_a_fresh_machine())
+            if from_a_fresh_machine
+            else host_settings.snapshot()
+        )
+        started = time.monotonic()
+        mini = MiniCluster(
+            work / "cluster",
+            binaries=build_binaries(),
+            plugin_config=None,
+            log_dir=log_dir,
+            runtime="containerd",
+        )
+        try:
+            mini.start()
+        except host_settings.HostUnfit as err:
+            skip_real_nodes(request.config, str(err))
+        try:
+            print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
+            assert mini.real_nodes is not None and mini.real_nodes.images is not None
+            yield Release(mini, helm, work, values(mini.real_nodes.images))
+        finally:
+            mini.stop()
+        assert leftovers(keep=host_chains) == [], "the real-node cluster left things behind"
+        assert host_settings.snapshot() == expected, "the tier did not put the host settings back"
+
+
+def skip_real_nodes(config: pytest.Config, reason: str) -> NoReturn:
+    """Skip a real-node module, keeping the reason for the session's summary (conftest)."""
+    reasons: list[str] = config.stash.setdefault(REAL_NODES_NOT_RUN, [])
+    if reason not in reasons:
+        reasons.append(reason)
+    pytest.skip(f"real-node tier not run: {reason}")
 
 
 def image_pod(

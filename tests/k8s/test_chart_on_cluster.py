@@ -51,7 +51,7 @@ from tests.k8s.cluster import MiniCluster, host_address, node_specs
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd, kubeflow_tfjob_crd
 from tests.k8s.helm_cli import run_helm, write_values
-from tests.k8s.k8s_tier import KubeAPI, build_cluster_binaries, build_helm
+from tests.k8s.k8s_tier import KubeAPI, build_binaries, build_helm
 from tests.k8s.pods import (
     COREX_SCRIPT,
     get_pod,
@@ -184,7 +184,7 @@ def release(
     devices, driver_root = write_chart_inputs(work, nodes)
     with MiniCluster(
         work / "cluster",
-        binaries=build_cluster_binaries(),
+        binaries=build_binaries(),
         nodes=nodes,
         plugin_config=None,  # the chart's DaemonSet runs the plugin
         log_dir=k8s_log_dir / "chart",

@@ -65,6 +65,12 @@ echo "emptyDir: $(cat /scratch-space/go)"
 """
 
 
+@pytest.fixture(scope="module")
+def kube_api(current_kube_api: KubeAPI) -> KubeAPI:
+    """The current apiserver: a kubelet may not be newer than the apiserver it registers with."""
+    return current_kube_api
+
+
 @pytest.fixture
 def node(k8s_binaries: K8sBinaries, kube_api: KubeAPI, k8s_log_dir: Path) -> Iterator[KubeletNode]:
     # The containers' PATH starts with this interpreter's directory, so pods can run it by name.

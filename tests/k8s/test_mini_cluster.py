@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from tests.k8s.cluster import RESOURCE, SEED_004_CONFIG, MiniCluster, host_address, node_specs
-from tests.k8s.k8s_tier import build_cluster_binaries
+from tests.k8s.k8s_tier import build_binaries
 from tests.k8s.pods import (
     COREX_SCRIPT,
     get_pod,
@@ -57,7 +57,7 @@ pytestmark = pytest.mark.timeout(600)
 def cluster(tmp_path_factory: pytest.TempPathFactory, k8s_log_dir: Path) -> Iterator[MiniCluster]:
     # Function scope: the tier's gate (an autouse function fixture) runs first, so a skipped run
     # starts nothing.
-    binaries = build_cluster_binaries()  # cached: instant
+    binaries = build_binaries()  # cached: instant
     start = time.monotonic()
     mini = MiniCluster(
         tmp_path_factory.mktemp("mini-cluster"),
@@ -167,7 +167,7 @@ def test_plugin_daemonset_pods_and_host_network_endpoints(tmp_path: Path, k8s_lo
     start = time.monotonic()
     with MiniCluster(
         tmp_path / "cluster",
-        binaries=build_cluster_binaries(),
+        binaries=build_binaries(),
         plugin_config=SEED_004_CONFIG,
         nodes=node_specs(12),  # pod IPs apart from the other tests' clusters
         plugin_mode="daemonset",

@@ -1,5 +1,5 @@
-"""Per-node plugin configs through a real kubelet (v1.35, fake-cri): the plugin reads a directory
-of named configs (as a mounted ConfigMap lays them out), the node label
+"""Per-node plugin configs through a real kubelet (the current Kubernetes, fake-cri): the plugin
+reads a directory of named configs (as a mounted ConfigMap lays them out), the node label
 ``ix-gpu.io/device-plugin.config`` picks one, and a label change is followed without a restart:
 the Node's ``iluvatar.com/gpu`` capacity goes 2 → 8 → 2. A label naming no config keeps the
 config in use and says so in the log."""
@@ -22,6 +22,12 @@ pytestmark = pytest.mark.timeout(240)
 
 LABEL = "ix-gpu.io/device-plugin.config"
 CAPACITY_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def kube_api(current_kube_api: KubeAPI) -> KubeAPI:
+    """The current apiserver: a kubelet may not be newer than the apiserver it registers with."""
+    return current_kube_api
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""A real kubelet (v1.35, built by build.sh) on a fake container runtime, registered as a Node of the
-tier's kube-apiserver: the real ``ix-gpu plugin --backend fake`` with the seed's two GPUs and
-``sharing.timeSlicing.replicas: 4`` shows up as ``iluvatar.com/gpu: 8`` in the Node's
-``status.capacity`` and ``status.allocatable``, as in the seed's ``kubectl describe node``.
+"""A real kubelet (the current Kubernetes, built by build.sh) on a fake container runtime,
+registered as a Node of the tier's current kube-apiserver: the real ``ix-gpu plugin --backend
+fake`` with the seed's two GPUs and ``sharing.timeSlicing.replicas: 4`` shows up as
+``iluvatar.com/gpu: 8`` in the Node's ``status.capacity`` and ``status.allocatable``, as in the
+seed's ``kubectl describe node``.
 
 The Node is ``k8s_tier.start_kubelet_node``: fake-cri and the kubelet in one private mount namespace,
 where a temp directory is bound over /var/lib/kubelet/device-plugins (the plugin serves into it;
@@ -18,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, KubeletNode, start_kubelet_node, unix_socket_ready
+from tests.k8s.k8s_tier import (
+    CURRENT_K8S_VERSION,
+    K8sBinaries,
+    KubeAPI,
+    KubeletNode,
+    start_kubelet_node,
+    unix_socket_ready,
+)
 from tests.k8s.plugin_inputs import RESOURCE, devices_yaml, seed_config
 from tests.support.plugin_process import PluginProcess
 from tests.support.processes import tail
@@ -28,6 +36,12 @@ pytestmark = pytest.mark.timeout(240)
 
 NODE_READY_S = 120.0
 CAPACITY_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def kube_api(current_kube_api: KubeAPI) -> KubeAPI:
+    """The current apiserver: a kubelet may not be newer than the apiserver it registers with."""
+    return current_kube_api
 
 
 @pytest.fixture
@@ -93,7 +107,7 @@ def test_node_capacity_two_gpus_replicas4_is_8(
         print(f"{RESOURCE} on the Node after {time.monotonic() - start:.1f}s\n{describe_capacity(current)}")
         assert current["status"]["capacity"][RESOURCE] == "8"
         assert current["status"]["allocatable"][RESOURCE] == "8"
-        assert current["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.35.")
+        assert current["status"]["nodeInfo"]["kubeletVersion"] == CURRENT_K8S_VERSION
         assert plugin.popen.poll() is None, plugin.log_tail()
     finally:
         plugin.stop()

@@ -16,6 +16,10 @@ too, and the scenario's own choices; nothing else (``chart_values.real_node_char
   replicas 4: 8 GPUs a node); ``config``: the built-in Iluvatar profile beside the tf-operator
   discussion's NVIDIA profile and its privileged namespace ``ml-team``.
 
+The module starts from a fresh machine's host settings (``ip_forward`` off, whatever this machine
+has): the tier turns on what it needs for its run, and the fixture checks that every setting is
+back afterwards (tests/k8s/host_settings.py).
+
 The tests share the release and run in file order.
 """
 
@@ -32,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests.k8s import training_operator
+from tests.k8s import host_settings, training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
@@ -95,7 +99,21 @@ def release(
         tmp_path_factory,
         k8s_log_dir / "real-nodes",
         lambda images: real_node_chart_values(images, scenario=True),
+        from_a_fresh_machine=True,
     )
+
+
+# --------------------------------------------------------------------------- the host
+
+
+def test_the_tier_turned_on_the_host_settings_it_needs_for_its_run(release: Release) -> None:
+    """The cluster came up from ip_forward = 0 (the fixture set a fresh machine's value): the tier
+    turned it on and recorded the value to put back, which the fixture checks at the module's end."""
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
+    recorded = json.loads(host_settings.STATE_FILE.read_text())["sysctls"]
+    assert recorded["net.ipv4.ip_forward"] == "0", recorded
+    for setting in host_settings.SYSCTLS:
+        assert setting.satisfied_by(setting.path.read_text()), setting.key
 
 
 # --------------------------------------------------------------------------- the image

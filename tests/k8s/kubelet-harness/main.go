@@ -45,7 +45,7 @@ import (
 	"sync"
 	"syscall"
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
+	cadvisorapi "github.com/google/cadvisor/lib/model"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -56,6 +56,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
 
 const nsEnv = "IX_KUBELET_HARNESS_IN_NAMESPACE"
@@ -91,7 +92,7 @@ func (h *harness) activePods() []*v1.Pod {
 }
 
 func (h *harness) start(initial containermap.ContainerMap, running sets.Set[string]) error {
-	mgr, err := devicemanager.NewManagerImpl(h.topology, topologymanager.NewFakeManager())
+	mgr, err := devicemanager.NewManagerImpl(h.logger, h.topology, topologymanager.NewFakeManager(h.logger))
 	if err != nil {
 		return fmt.Errorf("NewManagerImpl: %w", err)
 	}
@@ -143,11 +144,11 @@ func quantities(list v1.ResourceList) map[string]int64 {
 }
 
 func (h *harness) capacity() reply {
-	capacity, allocatable, deleted := h.mgr.GetCapacity()
+	capacity, allocatable, deleted := h.mgr.GetCapacity(h.logger)
 	sort.Strings(deleted)
 	devices := map[string]map[string]any{}
 	// GetAllocatableDevices lists healthy devices only.
-	for res, instances := range h.mgr.GetAllocatableDevices() {
+	for res, instances := range h.mgr.GetAllocatableDevices(h.logger) {
 		devices[res] = map[string]any{}
 		for id, dev := range instances {
 			numa := []int64{}
@@ -213,7 +214,7 @@ func (h *harness) allocate(c command) (reply, error) {
 	container.Resources = v1.ResourceRequirements{Limits: limits, Requests: limits.DeepCopy()}
 	h.mu.Unlock()
 
-	if err := h.mgr.Allocate(pod, container); err != nil {
+	if err := h.mgr.Allocate(context.Background(), pod, container, lifecycle.AddOperation); err != nil {
 		return nil, fmt.Errorf("Allocate: %w", err)
 	}
 	opts, err := h.mgr.GetDeviceRunContainerOptions(context.Background(), pod, container)
