@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.support.cli import IX_GPU, _environment
+from tests.support.cli import IX_GPU, _environment, ix_gpu
 from tests.support.paths import FAKE_DEVICES, ROOT
 
 
@@ -31,3 +31,11 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback(args: tuple[str, ...
     stderr = child.stderr.read().decode()
     assert child.wait(timeout=60) == 141  # 128 + SIGPIPE, as a shell reports `cat` in that place
     assert stderr == ""
+
+
+@pytest.mark.parametrize("command", ["plugin", "dra"])
+def test_the_node_agents_help_names_every_kubeconfig_user_they_take(command: str) -> None:
+    """Client certificates work (tests/test_kubeconfig.py); the help must not say otherwise."""
+    text = " ".join(ix_gpu(command, "--help", check=True).stdout.split())
+    assert "token users only" not in text
+    assert "a token, a tokenFile or a client certificate" in text

@@ -9,6 +9,11 @@ The health loop asks the backend for chips every ``health_interval`` seconds and
 slice when anything changed; a backend that fails marks every known device unhealthy, with the
 backend's message as the reason, as the device plugin does.
 
+The health loop is supervised (:mod:`ix_gpu.runtime.supervision`): an unexpected exception is
+logged with its traceback, counted (``loop_crashes``) and the loop restarted after a backoff,
+while the sockets keep serving; shutdown runs whatever the loop did. A slice write that fails is
+retried with backoff (1 s doubling to a minute, with jitter), not on every health interval.
+
 The node's GPUs are this process's to hand out only on a node labelled
 ``ix-gpu.io/gpu.allocation=dra`` whose kubelet offers no device-plugin GPUs
 (:mod:`ix_gpu.devicemodel.allocation`). Until then, and as soon as that stops being true, the
@@ -38,7 +43,9 @@ from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
 from ix_gpu.plugin.server.node_config import NodeLabelReader, choose, named_configs
+from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.supervision import Supervised, supervise
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +128,10 @@ class DraApp:
         self.stop = asyncio.Event()
         self._servers: list[tuple[Server, Path]] = []
         self._last_error = ""
+        self.health_loop = Supervised("health loop")
+        self.publish_retry = Backoff(first=1.0, cap=60.0)
+        self.publish_errors = 0
+        """Slice writes that failed (a GET or the PUT/POST after it)."""
 
     async def _serve(self, handler: DraServicer | RegistrationServicer, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,22 +195,29 @@ class DraApp:
         devices = slice_devices(
             self.devices.values(), self.backend.vendor, self.settings.driver, self.settings.unhealthy
         )
+        if not self.publish_retry.ready():
+            return False
         try:
             if self.allocation.allowed:
                 changed = self.publisher.publish(devices)
             else:
                 changed = self.publisher.publish([], create=False)
-        except OSError as exc:
-            self._note(f"cannot publish ResourceSlice {self.publisher.name} (will retry): {exc}")
+        except OSError as exc:  # every error of the API client is an OSError
+            delay = self.publish_retry.failed()
+            self.publish_errors += 1
+            name = self.publisher.name
+            self._note(f"cannot publish ResourceSlice {name} (retrying in {delay:.0f}s): {exc}", key=str(exc))
             return False
+        self.publish_retry.succeeded()
         self._last_error = ""
         return changed
 
-    def _note(self, message: str) -> None:
-        """One log line per distinct failure, not one per health interval."""
-        if message != self._last_error:
+    def _note(self, message: str, *, key: str | None = None) -> None:
+        """One log line per distinct failure (``key``, else the message), not one per attempt."""
+        key = message if key is None else key
+        if key != self._last_error:
             log.warning("%s", message)
-            self._last_error = message
+            self._last_error = key
 
     async def _health_loop(self) -> None:
         while not self.stop.is_set():
@@ -219,12 +237,12 @@ class DraApp:
         await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
         await self._serve(DraServicer(self.preparer), self.settings.dra_socket)
         await self._serve(self.registration, self.settings.registration_socket)
-        health = asyncio.create_task(self._health_loop())
+        health = asyncio.create_task(supervise(self._health_loop, self.health_loop, self.stop))
         try:
             await self.stop.wait()
         finally:
             health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await health
             await self.shutdown()
         return 0

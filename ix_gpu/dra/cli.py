@@ -140,7 +140,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="how often devices are discovered and their health checked (default 5)",
     )
     dra.add_argument(
-        "--kubeconfig", metavar="FILE", help="outside a Pod: token kubeconfig (default: in-cluster)"
+        "--kubeconfig",
+        metavar="FILE",
+        help="outside a Pod: a kubeconfig whose user has a token, a tokenFile or a client certificate "
+        "(default: in-cluster)",
     )
     add_log_level(dra)
     dra.set_defaults(handler=run_dra)

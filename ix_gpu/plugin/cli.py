@@ -80,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     plugin.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="for node labels and per-node configs outside a Pod (token users only; default: in-cluster)",
+        help="for node labels and per-node configs outside a Pod: a user with a token, a tokenFile or a "
+        "client certificate (default: in-cluster)",
     )
     plugin.add_argument(
         "--node-config-interval",

@@ -32,6 +32,14 @@ TOKEN_FILE = SERVICE_ACCOUNT / "token"
 CA_FILE = SERVICE_ACCOUNT / "ca.crt"
 
 
+class ApiError(OSError):
+    """A request to the API server that got no usable answer although the server may be fine: the
+    connection broke mid-answer (``http.client.IncompleteRead``, ``BadStatusLine``), the answer was
+    not JSON, or it was larger than asked for. An ``OSError``, as urllib's ``URLError`` and
+    ``HTTPError`` are, so that every caller handles one family: a node agent that catches
+    ``OSError`` around a call keeps running whatever the transport did."""
+
+
 def in_cluster() -> bool:
     """True inside a Pod with a service-account token (what in-cluster access needs)."""
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and TOKEN_FILE.exists()
@@ -129,10 +137,13 @@ class ApiServer:
         timeout: float = 10,
         max_bytes: int = 4 << 20,
     ) -> Any:
-        """One JSON request; the decoded answer. Raises ``OSError`` (``URLError``/``HTTPError``,
-        ``ssl.SSLError`` for a certificate that cannot be loaded)."""
+        """One JSON request; the decoded answer. Raises ``OSError`` and nothing else:
+        ``HTTPError`` for an HTTP error status (its ``code`` says which), ``URLError`` for a
+        connection that failed, ``ssl.SSLError`` for a certificate that cannot be loaded,
+        :class:`ApiError` for an answer that broke off, was not JSON or was too large."""
         # Imported here: urllib.request brings email and http.client (~2.5 MiB), which a plugin that
         # never talks to the API server (no node labels, no per-node configs) should not hold.
+        import http.client
         import urllib.request
 
         headers = {"Content-Type": content_type, "Accept": "application/json"}
@@ -145,11 +156,17 @@ class ApiServer:
             headers=headers,
         )
         context = self.ssl_context() if self.base_url.startswith("https") else None
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            raw = response.read(max_bytes + 1)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+                raw = response.read(max_bytes + 1)
+        except http.client.HTTPException as exc:  # not an OSError: IncompleteRead, BadStatusLine, ...
+            raise ApiError(f"{method} {path}: {type(exc).__name__}: {exc!r}"[:500]) from exc
         if len(raw) > max_bytes:
-            raise OSError(f"{method} {path}: answer larger than {max_bytes} bytes")
-        return json.loads(raw) if raw else None
+            raise ApiError(f"{method} {path}: answer larger than {max_bytes} bytes")
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ApiError(f"{method} {path}: the answer is not JSON: {exc}"[:500]) from exc
 
 
 def client_configuration(kubeconfig: str | None) -> Any:

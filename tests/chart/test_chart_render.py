@@ -1240,6 +1240,40 @@ def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
         render({"plugin": {"nodeConfigs": {"ix-config": shared}}})
 
 
+def test_named_configs_keep_the_node_labels_on_unless_they_say_otherwise() -> None:
+    """A node labelled for a named config must go on maintaining its count and replica labels, as
+    on ix-config; a named config that sets ``labels`` itself keeps its choice."""
+    shared = {"sharing": {"timeSlicing": {"replicas": 4}}}
+    quiet = {"flags": {"splitboard": True}, "labels": {"enabled": False}}
+    data = find(
+        render({"plugin": {"nodeConfigs": {"shared4": shared, "quiet": quiet}}}), "ConfigMap", "ix-config"
+    )["data"]
+    assert yaml.safe_load(data["ix-config"])["labels"] == {"enabled": True}
+    assert yaml.safe_load(data["shared4"]) == {**shared, "labels": {"enabled": True}}
+    assert yaml.safe_load(data["quiet"]) == quiet
+    assert parse_plugin_config(yaml.safe_load(data["shared4"])).labels.enabled
+    assert not parse_plugin_config(yaml.safe_load(data["quiet"])).labels.enabled
+    off = find(
+        render({"plugin": {"nodeConfigs": {"shared4": shared}, "nodeLabels": False}}),
+        "ConfigMap",
+        "ix-config",
+    )
+    assert "labels" not in yaml.safe_load(off["data"]["shared4"])
+
+
+def test_privileged_node_agents_claim_no_dropped_capabilities() -> None:
+    """``capabilities.drop`` beside ``privileged: true`` does nothing and reads as a hardening that
+    is not there."""
+    objects = render({"dra": {"enabled": True}})
+    daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
+    assert len(daemonsets) == 2
+    for daemonset in daemonsets:
+        name = daemonset["metadata"]["name"]
+        for agent in daemonset["spec"]["template"]["spec"]["containers"]:
+            context = agent["securityContext"]
+            assert context["privileged"] is True and "capabilities" not in context, (name, context)
+
+
 def test_extra_env_reaches_every_container_after_its_own_env() -> None:
     extra = [
         {"name": "KUBERNETES_SERVICE_HOST", "value": "10.1.2.3"},

@@ -3,8 +3,10 @@
 GET of a Node and of ResourceClaims; GET, POST and PUT of ResourceSlices with resourceVersion
 checks (a stale PUT is a 409, as on the real server), and the server-side ``timeAdded`` the
 apiserver fills into device taints; the list of ResourceSlices by ``spec.nodeName`` and
-``spec.driver`` field selectors, which the device plugin's allocation check asks for. A path in
-``denied`` answers 403. The real-cluster tier replaces it with a kube-apiserver.
+``spec.driver`` field selectors, which the device plugin's allocation check asks for; a merge-patch
+of a Node's labels. A path in ``denied`` answers 403. ``faults`` maps a path to a transport fault
+its answers have: ``cut`` (the connection closes in the middle of the body), ``junk`` (200 with a
+body that is not JSON) or ``500``. The real-cluster tier replaces it with a kube-apiserver.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class FakeResourceApi:
     calls: list[tuple[str, str]] = field(default_factory=list)
     version: int = 1
     denied: set[str] = field(default_factory=set)
+    faults: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_node(
@@ -75,6 +78,16 @@ class FakeResourceApi:
             if path.startswith("/api/v1/nodes/") and method == "GET":
                 node = self.nodes.get(parts[-1])
                 return (200, node) if node else (404, _status(404, "NotFound"))
+            if path.startswith("/api/v1/nodes/") and method == "PATCH":
+                node = self.nodes.get(parts[-1])
+                if node is None:
+                    return 404, _status(404, "NotFound")
+                for key, value in ((body.get("metadata") or {}).get("labels") or {}).items():
+                    if value is None:
+                        node["metadata"]["labels"].pop(key, None)
+                    else:
+                        node["metadata"]["labels"][key] = value
+                return 200, node
             if (
                 path.startswith(f"{RESOURCE}/namespaces/")
                 and parts[-2] == "resourceclaims"
@@ -150,6 +163,20 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
             body = json.loads(self.rfile.read(length)) if length else None
             code, answer = api.handle(method, self.path, body)
             raw = json.dumps(answer).encode()
+            fault = api.faults.get(self.path.partition("?")[0])
+            if fault == "500":
+                code, raw = 500, json.dumps(_status(500, "InternalError")).encode()
+            elif fault == "junk":
+                code, raw = 200, b"<html>502 Bad Gateway</html>"
+            elif fault == "cut":
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw) + 100))
+                self.end_headers()
+                self.wfile.write(raw[: len(raw) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                return
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(raw)))
@@ -164,6 +191,9 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
 
         def do_PUT(self) -> None:
             self._answer("PUT")
+
+        def do_PATCH(self) -> None:
+            self._answer("PATCH")
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True

@@ -1,6 +1,8 @@
 """The device plugin advertises no devices on a node whose GPUs are DRA's (ix-gpu.io/gpu.allocation=dra),
 and with --dra-driver none while that driver's ResourceSlices list devices on its node: the kubelet,
-seeing an empty list, offers 0. The API server is the DRA tests' fake."""
+seeing an empty list, offers 0. Only an answer changes what a node offers: a list or a node read
+that fails keeps the last answer (before the first one, nothing is offered). The API server is the
+DRA tests' fake."""
 
 from __future__ import annotations
 
@@ -99,9 +101,59 @@ def test_with_dra_driver_it_waits_for_the_dra_slice_to_empty(
             assert "still list 4 devices" in (app.allocation_reason or "")
             dra_slice(fake, NODE, 0)
             await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
-            fake.denied.add(f"{RESOURCE}/resourceslices")  # cannot tell any more: fail closed
+
+    asyncio.run(scenario())
+
+
+def api_errors(app: PluginApp, call: str) -> float:
+    return app.metrics.api_errors.labels(call=call).get()
+
+
+def test_an_apiserver_that_cannot_answer_changes_nothing_a_node_offers(
+    short_tmp: Path, fake_devices: Path, cluster: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    """An apiserver restart that lands on the slice list and the node read: the node keeps offering
+    its two boards through many failed reads (retried, counted, in /healthz's detail); when the
+    apiserver answers again, an answer that says DRA now holds the chips withdraws them."""
+    fake, api = cluster
+    slices = f"{RESOURCE}/resourceslices"
+
+    async def scenario() -> None:
+        async with plugin(short_tmp, fake_devices, api, DRIVER) as (app, kubelet):
+            await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
+            seen = len(kubelet.updates)
+            lists = fake.count("GET", slices)
+            fake.denied.update({slices, f"/api/v1/nodes/{NODE}"})
+            await kubelet.wait_for(lambda: fake.count("GET", slices) >= lists + 5, what="5 failed lists")
+            assert [len(u.devices) for u in kubelet.updates[seen:]] in ([], [2] * len(kubelet.updates[seen:]))
+            assert advertised(kubelet) == 2
+            assert api_errors(app, "slice_list") >= 5 and api_errors(app, "node_read") >= 1
+            notes = "\n".join(app.notes())
+            assert f"cannot read the ResourceSlices of {DRIVER}" in notes and "403" in notes, notes
+            assert f"cannot read node {NODE}" in notes, notes
+            assert app.problems() == [], "an apiserver outage is no reason for the liveness probe to fail"
+            fake.denied.clear()
+            dra_slice(fake, NODE, 4)  # the answer: the DRA plugin publishes this node's chips now
             await kubelet.wait_for(lambda: advertised(kubelet) == 0, what="nothing advertised")
+            assert app.notes() == []
+
+    asyncio.run(scenario())
+
+
+def test_before_the_first_answer_nothing_is_offered(
+    short_tmp: Path, fake_devices: Path, cluster: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    """With a DRA driver in the cluster, chips are offered only once the slices were listed: the
+    DRA plugin may be publishing them, and both would hand out the same chip."""
+    fake, api = cluster
+    fake.denied.add(f"{RESOURCE}/resourceslices")
+
+    async def scenario() -> None:
+        async with plugin(short_tmp, fake_devices, api, DRIVER) as (app, kubelet):
+            assert advertised(kubelet) == 0
             assert "cannot list the ResourceSlices" in (app.allocation_reason or "")
+            fake.denied.clear()
+            await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
 
     asyncio.run(scenario())
 

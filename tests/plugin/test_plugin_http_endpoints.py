@@ -34,9 +34,13 @@ class FakePlugin:
     def __init__(self) -> None:
         self.metrics = PluginMetrics()
         self.reasons: list[str] = []
+        self.degraded: list[str] = []
 
     def problems(self) -> list[str]:
         return list(self.reasons)
+
+    def notes(self) -> list[str]:
+        return list(self.degraded)
 
 
 class Endpoint:
@@ -116,6 +120,9 @@ def test_healthz_metrics_and_unknown_paths(endpoint: Endpoint) -> None:
     answer = endpoint.get("/healthz")
     assert (answer.status, answer.body, answer.closed) == (200, b"ok\n", True)
     assert endpoint.get("/healthz?verbose=1").status == 200
+    endpoint.plugin.degraded = ["cannot read node n1 for 12s: HTTP Error 503"]
+    answer = endpoint.get("/healthz")
+    assert (answer.status, answer.body) == (200, b"ok\ncannot read node n1 for 12s: HTTP Error 503\n")
     endpoint.plugin.reasons = ["ixml gone", "not registered with the kubelet for 40s"]
     answer = endpoint.get("/healthz")
     assert answer.status == 503 and answer.body == b"ixml gone\nnot registered with the kubelet for 40s\n"

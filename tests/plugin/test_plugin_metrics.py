@@ -24,7 +24,16 @@ from prometheus_client import Histogram as ReferenceHistogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from ix_gpu.plugin.server.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, PluginMetrics, format_value
+from ix_gpu.plugin.server.metrics import (
+    API_CALLS,
+    CONTENT_TYPE,
+    LOOPS,
+    Counter,
+    Gauge,
+    Histogram,
+    PluginMetrics,
+    format_value,
+)
 
 Update = Callable[[Any], None]
 """One update, applied to a PluginMetrics or to its prometheus_client twin (same attribute names)."""
@@ -43,6 +52,8 @@ UPDATES: list[Update] = [
     lambda m: m.health_transitions.labels(to="Unhealthy").inc(),
     lambda m: m.backend_errors.inc(),
     lambda m: m.config_reloads.labels(result="error").inc(),
+    lambda m: m.api_errors.labels(call="slice_list").inc(),
+    lambda m: m.loop_crashes.labels(loop="health").inc(),
 ]
 
 
@@ -63,6 +74,10 @@ class Reference:
             setattr(self, attribute, twin)
         for health in ("Healthy", "Unhealthy"):
             self.devices.labels(health=health).set(0)  # type: ignore[attr-defined]
+        for call in API_CALLS:
+            self.api_errors.labels(call=call)  # type: ignore[attr-defined]
+        for loop in LOOPS:
+            self.loop_crashes.labels(loop=loop)  # type: ignore[attr-defined]
 
 
 def without_created(text: str) -> list[str]:
@@ -94,6 +109,8 @@ def test_prometheus_parser_reads_every_series() -> None:
         "ix_gpu_plugin_health_transitions": "counter",
         "ix_gpu_plugin_backend_errors": "counter",
         "ix_gpu_plugin_config_reloads": "counter",
+        "ix_gpu_plugin_api_errors": "counter",
+        "ix_gpu_plugin_loop_crashes": "counter",
     }
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples

@@ -3,6 +3,11 @@
 Everything here is driven by one asyncio loop in one process ("lightweight": no threads of ours).
 The health loop is also where the config file and the fake devices file are re-read, by content,
 because ConfigMap volumes update by symlink swap and send no useful file events.
+
+The health loop and the registrar are supervised (:mod:`ix_gpu.runtime.supervision`): an
+unexpected exception in either is logged with its traceback, counted in
+``ix_gpu_plugin_loop_crashes_total`` and the loop restarted after a backoff; the process keeps its
+kubelet connection meanwhile, and ``/healthz`` fails while a loop is down.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +39,7 @@ from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.runtime.outcomes import ERROR
 from ix_gpu.runtime.reload import LastGoodFiles
+from ix_gpu.runtime.supervision import Supervised, supervise
 
 if TYPE_CHECKING:
     from ix_gpu.runtime.kube import ApiServer
@@ -94,7 +101,15 @@ class PluginApp:
         self.registrar = Registrar(
             settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
         )
-        self.labeler = NodeLabeler(settings.api_server, settings.node_name)
+        self.labeler = NodeLabeler(
+            settings.api_server, settings.node_name, on_error=self._api_error("label_write")
+        )
+        if settings.node_config is not None:
+            settings.node_config.on_error = self._api_error("node_read")
+        if settings.allocation is not None:
+            settings.allocation.reader.on_error = self._api_error("node_read")
+            settings.allocation.on_error = self._api_error("slice_list")
+        self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration")}
         self._labels_warned = False
         self._cdi_error: str | None = None
         self.allocation_reason: str | None = None
@@ -102,6 +117,10 @@ class PluginApp:
         self.stop_event = asyncio.Event()
         self.ready = asyncio.Event()
         """Set once the first discovery has been published (the benchmark and tests wait on it)."""
+
+    def _api_error(self, call: str) -> Callable[[str], None]:
+        counter = self.metrics.api_errors.labels(call=call)
+        return lambda _message: counter.inc()
 
     @property
     def sharing(self) -> SharingPlan:
@@ -316,10 +335,25 @@ class PluginApp:
         out = []
         if self.backend_error:
             out.append(self.backend_error)
+        for loop in self.loops.values():
+            if loop.restarting:
+                out.append(f"the {loop.name} failed ({loop.last_error}) and is waiting to restart")
         if not self.registrar.registered:
             lost_for = time.monotonic() - self.registrar.not_registered_since
             if lost_for > REGISTRATION_GRACE_SECONDS:
                 out.append(f"not registered with the kubelet for {lost_for:.0f}s")
+        return out
+
+    def notes(self) -> list[str]:
+        """What ``/healthz`` adds to a 200: reads of the API server that fail now. They do not
+        fail the probe: the node keeps what it read last, and a restart would only drop the
+        kubelet's connection (every device Unhealthy) for an outage that is not this node's."""
+        out = list(self.settings.allocation.problems()) if self.settings.allocation is not None else []
+        reader = self.settings.node_config
+        if reader is not None and reader.error is not None and not any(reader.node in n for n in out):
+            out.append(f"cannot read node {reader.node}: {reader.error}")
+        if self.labeler.error is not None:
+            out.append(f"cannot label node {self.labeler.node}: {self.labeler.error}")
         return out
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -351,19 +385,22 @@ class PluginApp:
                     for sig in (signal.SIGTERM, signal.SIGINT):
                         loop.remove_signal_handler(sig)
                 return 1
-        registrar = asyncio.create_task(self.registrar.run(self.stop_event), name="registrar")
-        health = asyncio.create_task(self._health_loop(), name="health")
+        crashed = self._loop_crashed
+        registrar = asyncio.create_task(
+            supervise(
+                lambda: self.registrar.run(self.stop_event),
+                self.loops["registration"],
+                self.stop_event,
+                on_crash=crashed,
+            ),
+            name="registrar",
+        )
+        health = asyncio.create_task(
+            supervise(self._health_loop, self.loops["health"], self.stop_event, on_crash=crashed),
+            name="health",
+        )
         try:
-            done, _ = await asyncio.wait(
-                {registrar, health, asyncio.ensure_future(self.stop_event.wait())},
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            for task in done:
-                if task is not registrar and task is not health:
-                    continue
-                if task.exception() is not None:
-                    log.error("%s loop failed: %r", task.get_name(), task.exception())
-                    self.stop_event.set()
+            await self.stop_event.wait()
         finally:
             await self._shutdown(registrar, health)
             if http_server is not None:
@@ -373,6 +410,9 @@ class PluginApp:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
         return 0
+
+    def _loop_crashed(self, name: str) -> None:
+        self.metrics.loop_crashes.labels(loop=name.removesuffix(" loop")).inc()
 
     async def _shutdown(self, *tasks: asyncio.Task[None]) -> None:
         self.stop_event.set()

@@ -2,7 +2,9 @@
 
 ``/healthz`` replaces the vendor chart's ``ls <socket>`` liveness probe, which stays green while the
 library is broken or the plugin has silently lost its kubelet registration. It answers 503 with
-the reasons, one per line, so ``kubectl describe pod`` shows why the probe failed.
+the reasons, one per line, so ``kubectl describe pod`` shows why the probe failed. A 200 says
+``ok``, then what is degraded but no reason to restart (API server reads that fail now), one per
+line.
 
 The port listens on every GPU node, so it has the webhook's limits (request line and head size,
 one deadline for the head, a connection cap that evicts the oldest connection rather than
@@ -29,13 +31,15 @@ class HealthSource(Protocol):
 
     def problems(self) -> list[str]: ...
 
+    def notes(self) -> list[str]: ...
+
 
 def routes(app: HealthSource) -> dict[str, Route]:
     def healthz() -> Answer:
         problems = app.problems()
         if problems:
             return 503, _TEXT, ("\n".join(problems) + "\n").encode()
-        return 200, _TEXT, b"ok\n"
+        return 200, _TEXT, "".join(f"{line}\n" for line in ["ok", *app.notes()]).encode()
 
     def metrics() -> Answer:
         return 200, CONTENT_TYPE, app.metrics.render()

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+API_CALLS = ("node_read", "slice_list", "label_write")
+LOOPS = ("health", "registration")
 
 
 def format_value(value: float) -> str:
@@ -202,8 +204,23 @@ class PluginMetrics:
             "Config file changes seen, by result (success, error)",
             ["result"],
         )
+        self.api_errors = Counter(
+            "ix_gpu_plugin_api_errors",
+            "Requests to the API server that failed, by call (node_read, slice_list, label_write)",
+            ["call"],
+        )
+        self.loop_crashes = Counter(
+            "ix_gpu_plugin_loop_crashes",
+            "Unexpected failures of a background loop, each restarted, by loop (health, registration)",
+            ["loop"],
+        )
         for health in (HEALTHY, UNHEALTHY):
             self.devices.labels(health=health).set(0)
+        # Every series from the start, at 0: an alert on rate() sees the first failure.
+        for call in API_CALLS:
+            self.api_errors.labels(call=call)
+        for loop in LOOPS:
+            self.loop_crashes.labels(loop=loop)
 
     def families(self) -> tuple[_Family | Histogram, ...]:
         return (
@@ -214,6 +231,8 @@ class PluginMetrics:
             self.health_transitions,
             self.backend_errors,
             self.config_reloads,
+            self.api_errors,
+            self.loop_crashes,
         )
 
     def render(self) -> bytes:

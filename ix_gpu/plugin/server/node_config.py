@@ -13,6 +13,10 @@ survives apiserver restarts with no re-list logic. Label changes are rare operat
 minute's delay before a node changes its config is what NVIDIA's config-manager also allows for
 (it restarts the plugin).
 
+A read that fails keeps what was read before (the last known good node), and is retried sooner
+than the interval (:class:`~ix_gpu.runtime.backoff.Backoff`, from 1 s up to half the interval):
+an apiserver restart must change nothing a node offers, and the node is current again soon after.
+
 When the label names a config the ConfigMap does not have, the node keeps the config it is using
 and says so (log and metric) until the label or the ConfigMap is fixed: switching to the default
 instead could change the node's advertised capacity under running pods because of a typo.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import urllib.parse
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +35,7 @@ from typing import TYPE_CHECKING
 from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.allocation import NodeFacts
+from ix_gpu.runtime.backoff import Backoff
 
 if TYPE_CHECKING:
     from ix_gpu.runtime.kube import ApiServer
@@ -90,31 +95,66 @@ class NodeLabelReader:
     allocatable for :mod:`ix_gpu.devicemodel.allocation` (the DRA plugin reads its node through
     this class too)."""
 
-    def __init__(self, api: ApiServer, node: str, interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        api: ApiServer,
+        node: str,
+        interval: float = 60.0,
+        *,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_error``: called with the message of each failed read (a metric)."""
         self.api = api
         self.node = node
         self.interval = interval
+        self.on_error = on_error
         self._read_at: float | None = None
         self._facts: NodeFacts | None = None
-        self._last_error: str | None = None
+        first = min(1.0, interval)
+        self._retry = Backoff(first=first, cap=max(first, interval / 2))
+        self.error: str | None = None
+        """The last read's error while reads fail; None once one succeeds."""
+        self.failing_since: float | None = None
 
     def facts(self) -> NodeFacts | None:
         """The node as last read (None: never read); the last known while the apiserver fails."""
         now = time.monotonic()
-        if self._read_at is not None and now - self._read_at < self.interval:
+        if self.error is not None:
+            if not self._retry.ready():
+                return self._facts
+        elif self._read_at is not None and now - self._read_at < self.interval:
             return self._facts
         self._read_at = now
         path = f"/api/v1/nodes/{urllib.parse.quote(self.node)}?resourceVersion=0"
         try:
             node = self.api.request("GET", path, timeout=10, max_bytes=1 << 20)
-        except (OSError, ValueError) as exc:
+            metadata = node.get("metadata") if isinstance(node, dict) else None
+            if not isinstance(metadata, dict) or metadata.get("name") != self.node:
+                # Only this Node is an answer: anything else read as a node without labels would
+                # move a DRA node to the device plugin (both would hand out its chips).
+                raise ValueError(f"the answer is not Node {self.node}: {one_line(str(node), 120)}")
+            facts = NodeFacts.from_node(node)
+        except (OSError, ValueError) as exc:  # the client's errors are OSErrors; a junk node, ValueError
             message = one_line(exc, 300)
-            if message != self._last_error:
-                log.error("cannot read node %s (keeping what was read before): %s", self.node, message)
-            self._last_error = message
+            delay = self._retry.failed()
+            if message != self.error:
+                log.error(
+                    "cannot read node %s (keeping what was read before; retrying in %.0fs): %s",
+                    self.node,
+                    delay,
+                    message,
+                )
+            if self.error is None:
+                self.failing_since = now
+            self.error = message
+            if self.on_error is not None:
+                self.on_error(message)
             return self._facts
-        self._last_error = None
-        self._facts = NodeFacts.from_node(node)
+        if self.error is not None:
+            log.info("read node %s again (it failed for %.0fs)", self.node, now - (self.failing_since or now))
+        self._retry.succeeded()
+        self.error, self.failing_since = None, None
+        self._facts = facts
         return self._facts
 
     def value(self) -> str | None:

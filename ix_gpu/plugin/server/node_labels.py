@@ -8,11 +8,12 @@ cost the plugin more memory than the rest of it together, for one PATCH call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.plugin.devices.device_list import DeviceList
+from ix_gpu.runtime.backoff import Backoff
 
 if TYPE_CHECKING:
     # urllib.request and ssl: only a plugin with labels.enabled, in a cluster, reaches the code
@@ -61,40 +62,55 @@ def patch_node_labels(
 
 
 class NodeLabeler:
-    """Publishes labels when they change; remembers failures so they are retried, logged once each.
+    """Publishes labels when they change; a failed write is retried with backoff and logged once
+    per distinct error.
 
     Every publish names every key of :data:`labels.PUBLISHED`, those without a value as ``null``
     (removed): a merge-patch only merges, so a node whose devices all disappeared would otherwise
     keep its old product label, and gpu-type affinity would keep sending pods there. Nothing is
     known to be published at start, so the first set is always sent, an empty one included: the
     labels may be a previous run's.
+
+    A write that fails waits 1 s, then twice as long each time up to a minute, with jitter
+    (:class:`~ix_gpu.runtime.backoff.Backoff`): a policy or RBAC that refuses every node's writes
+    costs the apiserver at most one PATCH a minute per node, not one per health interval.
     """
 
-    def __init__(self, api: ApiServer | None, node: str | None) -> None:
+    def __init__(
+        self, api: ApiServer | None, node: str | None, *, on_error: Callable[[str], None] | None = None
+    ) -> None:
         self.api = api
         self.node = node
+        self.on_error = on_error
         self.published: dict[str, str] | None = None
         """What the node carries since the last successful publish; None before the first."""
-        self._last_error = ""
+        self.error: str | None = None
+        """The last write's error while writes fail; None once one succeeds."""
+        self.retry = Backoff(first=1.0, cap=60.0)
 
     @property
     def usable(self) -> bool:
         return self.api is not None and bool(self.node)
 
     def pending(self, values: dict[str, str]) -> bool:
-        return self.usable and values != self.published
+        """Labels to write now: they differ from the node's, and no failed write is backing off."""
+        return self.usable and values != self.published and self.retry.ready()
 
     def publish(self, values: dict[str, str]) -> bool:
         assert self.api is not None and self.node
         try:
             patch_node_labels(self.api, self.node, {key: values.get(key) for key in labels.PUBLISHED})
-        except OSError as exc:  # urllib's URLError and HTTPError are OSErrors
+        except OSError as exc:  # every error of the API client is an OSError
             message = str(exc)
-            if message != self._last_error:
-                log.error("cannot label node %s (will retry): %s", self.node, message)
-                self._last_error = message
+            delay = self.retry.failed()
+            if message != self.error:
+                log.error("cannot label node %s (retrying in %.0fs): %s", self.node, delay, message)
+            self.error = message
+            if self.on_error is not None:
+                self.on_error(message)
             return False
-        self.published, self._last_error = dict(values), ""
+        self.retry.succeeded()
+        self.published, self.error = dict(values), None
         log.info("labelled node %s: %s", self.node, values)
         return True
 
