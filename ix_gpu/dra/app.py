@@ -130,6 +130,9 @@ class DraApp:
         self._last_error = ""
         self.health_loop = Supervised("health loop")
         self.publish_retry = Backoff(first=1.0, cap=60.0)
+        self.unhealthy: UnhealthyMode = settings.unhealthy
+        """How unhealthy devices are published: ``--unhealthy``, until the apiserver is seen to
+        drop device taints (then ``remove``)."""
         self.publish_errors = 0
         """Slice writes that failed (a GET or the PUT/POST after it)."""
 
@@ -193,7 +196,7 @@ class DraApp:
         """The slice lists the devices while they are ours to hand out, else none: an existing
         slice is emptied (generation bumped), and none is created just to say nothing."""
         devices = slice_devices(
-            self.devices.values(), self.backend.vendor, self.settings.driver, self.settings.unhealthy
+            self.devices.values(), self.backend.vendor, self.settings.driver, self.unhealthy
         )
         if not self.publish_retry.ready():
             return False
@@ -210,6 +213,15 @@ class DraApp:
             return False
         self.publish_retry.succeeded()
         self._last_error = ""
+        if self.publisher.taints_dropped and self.unhealthy == "taint":
+            log.warning(
+                "the API server dropped the device taints of ResourceSlice %s (its DRADeviceTaints feature "
+                "is off; on by default from Kubernetes 1.36): an unhealthy device would stay allocatable, "
+                "so unhealthy devices leave the slice instead, as with --unhealthy remove",
+                self.publisher.name,
+            )
+            self.unhealthy = "remove"
+            return self.publish() or changed
         return changed
 
     def _note(self, message: str, *, key: str | None = None) -> None:

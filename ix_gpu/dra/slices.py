@@ -6,6 +6,11 @@ slice too (``<node>-<driver>``): a restarted plugin finds its slice by name inst
 never leaves a second one behind. The pool generation goes up with every change, as consumers
 only trust the highest generation they see; on start it continues from the stored slice's.
 
+What the apiserver stored is read back from the write's answer: an apiserver without the
+DRADeviceTaints feature (off by default before Kubernetes 1.36) drops device taints silently, and
+:attr:`SlicePublisher.taints_dropped` says so, for the app to fall back to leaving unhealthy devices
+out of the slice.
+
 The slice is owned by its Node, so deleting the Node deletes it (the kubelet also removes a
 driver's slices some time after the plugin unregisters). Nothing is written while the devices
 stay as they are: the health loop runs every few seconds on every GPU node.
@@ -39,6 +44,8 @@ class SlicePublisher:
         self.generation: int | None = None
         self.published: list[dict[str, Any]] | None = None
         self._owner: list[dict[str, Any]] | None = None
+        self.taints_dropped = False
+        """The last write sent device taints and the apiserver stored none of them."""
 
     def _get(self, path: str) -> dict[str, Any] | None:
         try:
@@ -87,15 +94,19 @@ class SlicePublisher:
         spec = (stored or {}).get("spec") or {}
         stored_generation = int((spec.get("pool") or {}).get("generation") or 0)
         if stored is not None and _same(spec.get("devices"), devices) and spec.get("nodeName") == self.node:
+            self.taints_dropped = False
             self.generation, self.published = stored_generation, devices
             return False
         generation = max(stored_generation, self.generation or 0) + 1
         body = self.body(devices, generation)
         if stored is None:
-            self.api.request("POST", RESOURCE_SLICES, body)
+            answer = self.api.request("POST", RESOURCE_SLICES, body)
         else:
             body["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"]
-            self.api.request("PUT", path, body)
+            answer = self.api.request("PUT", path, body)
+        sent = sum(len(d.get("taints") or []) for d in devices)
+        kept = (answer.get("spec") or {}).get("devices") if isinstance(answer, dict) else None
+        self.taints_dropped = sent > 0 and isinstance(kept, list) and not any(d.get("taints") for d in kept)
         self.generation, self.published = generation, devices
         log.info("published ResourceSlice %s: %d devices, generation %d", self.name, len(devices), generation)
         return True

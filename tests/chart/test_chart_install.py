@@ -28,6 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_gpu.devicemodel import labels as node_labels
 from tests.chart.rendering import find, render
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd
 from tests.k8s.k8s_tier import (
@@ -73,6 +74,10 @@ _PATHS = {
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
     "MutatingWebhookConfiguration": (
         "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+    ),
+    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}",
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}"
     ),
 }
 
@@ -425,3 +430,115 @@ def test_seed_config_as_the_config_value_reaches_a_configured_crd_and_skips_opte
         assert _admissions(port, context) == before + 2
     finally:
         webhook.stop(15)
+
+
+def _node(api: KubeAPI, name: str) -> None:
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"team": "a"}}}
+    status, body = _call(api, "POST", "/api/v1/nodes", node)
+    assert status in (201, 409), body
+
+
+def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(kube_api: KubeAPI) -> None:
+    """The chart's node ValidatingAdmissionPolicy on the oldest supported apiserver: a token of the
+    device plugin's ServiceAccount bound to a pod on n1 (as the pod's projected token is, naming
+    n1) may merge-patch n1's published labels, and nothing else of n1 or of any other node."""
+    plugin = f"{RELEASE}-ix-gpu-plugin"
+    objects = [
+        o
+        for o in render({})
+        if (
+            o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+            and o["metadata"]["name"] == plugin
+        )
+        or (o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"] == f"{plugin}-nodes")
+    ]
+    assert sorted(o["kind"] for o in objects) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    _ensure_namespace(kube_api, NS)
+    server_side_apply(kube_api, objects)
+    for name in ("n1", "n2"):
+        _node(kube_api, name)
+    pod = _create_pod(
+        kube_api,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "plugin-on-n1"},
+            "spec": {
+                "serviceAccountName": plugin,
+                "nodeName": "n1",
+                "containers": [{"name": "plugin", "image": "ix-gpu"}],
+            },
+        },
+    )
+    status, body = _call(
+        kube_api,
+        "POST",
+        f"/api/v1/namespaces/{NS}/serviceaccounts/{plugin}/token",
+        {
+            "spec": {
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": "plugin-on-n1",
+                    "uid": pod["metadata"]["uid"],
+                },
+                "expirationSeconds": 600,
+            }
+        },
+    )
+    assert status == 201, body
+    token = str(body["status"]["token"])
+
+    def patch(node: str, change: dict[str, Any]) -> tuple[int, Any]:
+        return _call(
+            kube_api, "PATCH", f"/api/v1/nodes/{node}", change, "application/merge-patch+json", token=token
+        )
+
+    def labels(values: dict[str, str | None]) -> dict[str, Any]:
+        return {"metadata": {"labels": values}}
+
+    # The policy applies once the apiserver's policy informer has it: until another node is refused.
+    wait_until(
+        lambda: patch("n2", labels({"ix-gpu.io/gpu.count": "8"}))[0] in (403, 422), "policy in force", 30
+    )
+    refused = {
+        "another node": patch("n2", labels({"ix-gpu.io/gpu.count": "8"})),
+        "another label": patch("n1", labels({"team": "b"})),
+        "removing another label": patch("n1", labels({"team": None})),
+        "the allocation label": patch("n1", labels({"ix-gpu.io/gpu.allocation": "dra"})),
+        "the config label": patch("n1", labels({"ix-gpu.io/device-plugin.config": "x"})),
+        "an annotation": patch("n1", {"metadata": {"annotations": {"a": "b"}}}),
+        "a taint": patch("n1", {"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}),
+        "cordon": patch("n1", {"spec": {"unschedulable": True}}),
+    }
+    for what, (status, reply) in refused.items():
+        assert status in (403, 422), (what, status, reply)
+    print("\n" + "\n".join(f"{what}: {status} {str(r)[:160]}" for what, (status, r) in refused.items()))
+    assert "may change only that node" in str(refused["another node"][1])
+    assert "may change only these labels" in str(refused["another label"][1])
+    # What the plugin really writes: every published label, set and then removed (null).
+    published = {
+        "ix-gpu.io/gpu.product": "BI-V150",
+        "ix-gpu.io/gpu.vendor": "iluvatar",
+        "ix-gpu.io/gpu.count": "8",
+        "ix-gpu.io/gpu.memory": "65536",
+        "ix-gpu.io/gpu.replicas": "4",
+    }
+    status, reply = patch("n1", labels(published))
+    assert status == 200, reply
+    assert reply["metadata"]["labels"] == {"team": "a", **published}
+    status, reply = patch("n1", labels(dict.fromkeys(published)))
+    assert status == 200 and reply["metadata"]["labels"] == {"team": "a"}, reply
+
+
+def test_the_chart_policy_names_exactly_the_labels_the_plugin_publishes() -> None:
+    (policy,) = [o for o in render({}) if o["kind"] == "ValidatingAdmissionPolicy"]
+    (published,) = [v for v in policy["spec"]["variables"] if v["name"] == "published"]
+    assert json.loads(published["expression"]) == list(node_labels.PUBLISHED)

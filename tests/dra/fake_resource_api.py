@@ -35,6 +35,8 @@ class FakeResourceApi:
     version: int = 1
     denied: set[str] = field(default_factory=set)
     faults: dict[str, str] = field(default_factory=dict)
+    drop_taints: bool = False
+    """Store slices without their device taints, as an apiserver without DRADeviceTaints does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_node(
@@ -136,6 +138,8 @@ class FakeResourceApi:
         stored = copy.deepcopy(body)
         stored["metadata"]["resourceVersion"] = str(self.version)
         for device in stored["spec"]["devices"]:
+            if self.drop_taints:
+                device.pop("taints", None)
             for taint in device.get("taints", []):
                 taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
         self.slices[stored["metadata"]["name"]] = stored

@@ -146,3 +146,40 @@ def test_refused_writes_back_off_to_one_a_minute(
     fake.denied.clear()
     now[0] += app.publish_retry.remaining()
     assert app.publish() is True
+
+
+def test_taints_the_apiserver_drops_make_unhealthy_devices_leave_the_slice_said_once(
+    short_tmp: Path,
+    fake_devices: Path,
+    resource_api: tuple[FakeResourceApi, ApiServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An apiserver without DRADeviceTaints stores the slice without the taint: the chip would stay
+    allocatable. The plugin reads that back and takes the chip out of the slice instead."""
+    fake, api = resource_api
+    label_dra(fake)
+    fake.drop_taints = True
+    set_health(fake_devices, 1, 4)
+    config = settings(short_tmp)
+
+    async def scenario() -> None:
+        async with running(config, fake_devices, api) as app:
+            await wait_until_async(lambda: app.unhealthy == "remove", "fallen back to remove")
+            await wait_until_async(
+                lambda: names(fake) == {"gpu-0", "gpu-2", "gpu-3"}, "chip 1 left the slice"
+            )
+            set_health(fake_devices, 1, 0)
+            await wait_until_async(lambda: len(names(fake)) == 4, "chip 1 back")
+            set_health(fake_devices, 2, 4)
+            await wait_until_async(lambda: "gpu-2" not in names(fake), "chip 2 left the slice")
+
+    with caplog.at_level(logging.WARNING, logger="ix_gpu.dra.app"):
+        asyncio.run(scenario())
+    said = [r for r in caplog.records if "dropped the device taints" in r.getMessage()]
+    assert len(said) == 1, "said once"
+
+
+def names(fake: FakeResourceApi) -> set[str]:
+    with fake.lock:
+        stored = fake.slices.get(f"{NODE}-{DRIVER}")
+        return set() if stored is None else {d["name"] for d in stored["spec"]["devices"]}

@@ -191,6 +191,47 @@ def test_helm_install_with_a_users_values_runs_the_plugin_with_ixml_and_the_webh
     assert all("service" in w["clientConfig"] for w in mwc["webhooks"])
 
 
+def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(release: Release) -> None:
+    """The chart's node ValidatingAdmissionPolicy, with a token of the device plugin's
+    ServiceAccount bound to its pod on gpu-a (naming gpu-a, as the pod's projected token does): the
+    plugin's own label writes went through (the install test saw the labels), and this token is
+    refused another node, another label, an annotation and a taint."""
+    api = release.api
+    (plugin,) = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == "gpu-a"]
+    account = plugin["spec"]["serviceAccountName"]
+    bound = {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "name": plugin["metadata"]["name"],
+        "uid": plugin["metadata"]["uid"],
+    }
+    token = request_ok(
+        api,
+        "POST",
+        f"/api/v1/namespaces/ix-gpu-system/serviceaccounts/{account}/token",
+        {"spec": {"boundObjectRef": bound, "expirationSeconds": 600}},
+    )["status"]["token"]
+
+    def patch(node: str, change: dict[str, Any]) -> tuple[int, Any]:
+        return api.request(
+            "PATCH", f"/api/v1/nodes/{node}", change, token=token, content_type="application/merge-patch+json"
+        )
+
+    count = request_ok(api, "GET", "/api/v1/nodes/gpu-a")["metadata"]["labels"]["ix-gpu.io/gpu.count"]
+    status, reply = patch("gpu-a", {"metadata": {"labels": {"ix-gpu.io/gpu.count": count}}})
+    assert status == 200, reply
+    refused = {
+        "another node": patch("gpu-b", {"metadata": {"labels": {"ix-gpu.io/gpu.count": "1"}}}),
+        "another label": patch("gpu-a", {"metadata": {"labels": {"ix-gpu.io/gpu.allocation": "dra"}}}),
+        "an annotation": patch("gpu-a", {"metadata": {"annotations": {"x": "y"}}}),
+        "a taint": patch("gpu-a", {"spec": {"taints": [{"key": "k", "effect": "NoExecute"}]}}),
+    }
+    print("\n" + "\n".join(f"{what}: {status} {str(r)[:200]}" for what, (status, r) in refused.items()))
+    for what, (status, reply) in refused.items():
+        assert status in (403, 422), (what, status, reply)
+    assert "may change only that node" in str(refused["another node"][1])
+
+
 def test_webhook_pods_run_as_non_root_read_only_with_their_memory_limit_and_pass_probes(
     release: Release,
 ) -> None:

@@ -348,6 +348,16 @@ def test_the_plugins_token_may_write_only_its_own_nodes_slice(release: Release) 
     }
     status, reply = api.request("POST", f"{RESOURCE_API}/resourceslices", forged, token=token)
     assert status in (403, 422) and "only ResourceSlices of driver" in str(reply), reply
+    # Nor publish another node's pool from its own node (a high generation there would hide gpu-b's
+    # devices from the scheduler), nor a second slice under another name.
+    forged["spec"]["driver"] = DRIVER
+    forged["spec"]["pool"] = {"name": "gpu-b", "generation": 1000, "resourceSliceCount": 1}
+    status, reply = api.request("POST", f"{RESOURCE_API}/resourceslices", forged, token=token)
+    assert status in (403, 422) and "may publish only the pool gpu-a" in str(reply), reply
+    forged["spec"]["pool"]["name"] = "gpu-a"
+    status, reply = api.request("POST", f"{RESOURCE_API}/resourceslices", forged, token=token)
+    assert status in (403, 422), reply
+    assert f"may write only the ResourceSlice gpu-a-{DRIVER}" in str(reply), reply
 
 
 # --------------------------------------------------------------------------- plugin life

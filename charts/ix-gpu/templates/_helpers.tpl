@@ -309,3 +309,9 @@ the core reads them: "name" a map key, "*" every key of a map, "name[*]" every i
 {{- end -}}
 {{- join " || " $tests -}}
 {{- end -}}
+
+{{- /* The node labels the device plugin publishes (ix_gpu.devicemodel.labels.PUBLISHED; a chart test
+       keeps the two equal), as a CEL list: the only labels its ServiceAccount may change. */}}
+{{- define "ix-gpu.publishedNodeLabels" -}}
+["ix-gpu.io/gpu.product", "ix-gpu.io/gpu.vendor", "ix-gpu.io/gpu.count", "ix-gpu.io/gpu.memory", "ix-gpu.io/gpu.replicas"]
+{{- end }}
