@@ -21,6 +21,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -209,6 +210,23 @@ class KubeAPI:
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_path))
 
+    def ready(self) -> bool:
+        try:
+            status, _ = self.request("GET", "/readyz", timeout=5)
+        except OSError:
+            return False
+        return status == 200
+
+    def restart(self, down_s: float) -> None:
+        """Stop the apiserver, keep it down ``down_s`` seconds, and start it again with the same
+        arguments (port, certificates, etcd): what an apiserver restart or upgrade looks like to
+        every client."""
+        argv = [str(a) for a in self.process.popen.args]  # type: ignore[union-attr]
+        self.process.stop()
+        time.sleep(down_s)
+        self.process = start_process(self.process.name, argv, self.log_dir)
+        _wait_started(self.ready, "kube-apiserver /readyz after a restart", self.process, self.process.stop)
+
     def request(
         self,
         method: str,
@@ -386,15 +404,7 @@ def start_kube_apiserver(
     api = KubeAPI(
         url=url, token=token, ca_path=certs["ca.crt"], kubeconfig=kubeconfig, process=proc, log_dir=log_dir
     )
-
-    def ready() -> bool:
-        try:
-            status, _ = api.request("GET", "/readyz", timeout=5)
-        except OSError:
-            return False
-        return status == 200
-
-    _wait_started(ready, "kube-apiserver /readyz", proc, proc.stop)
+    _wait_started(api.ready, "kube-apiserver /readyz", proc, proc.stop)
     return api
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -507,3 +508,61 @@ def test_relabelled_for_the_device_plugin_a_node_changes_allocator(release: Rele
         60,
     )
     assert len(devices(release, "gpu-b")) == 2  # the other node stays DRA's
+
+
+def plugin_metric(pod: dict[str, Any], name: str) -> float:
+    """One series of the device plugin's /metrics, read at its pod IP (routed to the node)."""
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9401/metrics", timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rpartition(" ")[2])
+    raise AssertionError(f"no {name} in the plugin's /metrics")
+
+
+def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(release: Release) -> None:
+    """An apiserver restart lands on the device plugins' reads of their node and of the DRA
+    driver's slices (gpu-a is the device plugin's now, gpu-b DRA's): both nodes' iluvatar.com/gpu
+    allocatable is what it was, sampled as the kubelets report it from the moment the apiserver is
+    back; the plugin's metrics count the failed reads and its log says it read again; and a GPU pod
+    created right after is admitted by the kubelet and runs."""
+    api = release.api
+    nodes = ("gpu-a", "gpu-b")
+
+    def allocatable() -> dict[str, str]:
+        found = {}
+        for node in nodes:
+            status = request_ok(api, "GET", f"/api/v1/nodes/{node}")["status"]
+            found[node] = str(status["allocatable"].get("iluvatar.com/gpu", "0"))
+        return found
+
+    before = allocatable()
+    assert before == {"gpu-a": "4", "gpu-b": "0"}, before
+    (plugin,) = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == "gpu-a"]
+    series = 'ix_gpu_plugin_api_errors_total{call="slice_list"}'
+    errors_before = plugin_metric(plugin, series)
+    api.restart(down_s=90)
+    samples = []
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        status, _ = api.request("GET", "/api/v1/nodes/gpu-a")
+        if status == 200:
+            samples.append(allocatable())
+        time.sleep(1)
+    print(f"\nallocatable before: {before}; {len(samples)} samples after: {set(map(str, samples))}")
+    assert samples and all(sample == before for sample in samples), samples
+    assert plugin_metric(plugin, series) > errors_before, "the failed lists are counted"
+    log = wait_until(
+        lambda: (
+            lambda text: text if "listed the ResourceSlices of gpu.iluvatar.com again" in text else None
+        )(release.log("ix-gpu-system", plugin["metadata"]["name"])),
+        "the plugin's log: the slices listed again",
+        60,
+    )
+    assert "cannot list the ResourceSlices of gpu.iluvatar.com (keeping the last answer" in log, log[-3000:]
+    # The kubelet admits a pod asking for the chips the device plugin still offers.
+    namespace = f"after-restart-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    pod = image_pod("after", release.image, ["sleep", "3600"], gpus=1, nodeName="gpu-a")
+    request_ok(api, "POST", f"{ns}/pods", pod)
+    running = wait_running(api, namespace, "after", timeout=120)
+    assert running["spec"]["nodeName"] == "gpu-a"
