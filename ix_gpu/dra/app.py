@@ -24,6 +24,7 @@ earlier is still answered from the checkpoint (nothing new is handed out) and st
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -133,8 +134,10 @@ class DraApp:
         self.unhealthy: UnhealthyMode = settings.unhealthy
         """How unhealthy devices are published: ``--unhealthy``, until the apiserver is seen to
         drop device taints (then ``remove``)."""
-        self.publish_errors = 0
-        """Slice writes that failed (a GET or the PUT/POST after it)."""
+        self.api_errors: collections.Counter[str] = collections.Counter()
+        """Requests to the API server that failed, by call: ``node_read``, ``slice_write`` (the
+        GET or the PUT/POST of the slice)."""
+        self.node_reader.on_error = lambda _message: self.api_errors.update(("node_read",))
 
     async def _serve(self, handler: DraServicer | RegistrationServicer, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +210,7 @@ class DraApp:
                 changed = self.publisher.publish([], create=False)
         except OSError as exc:  # every error of the API client is an OSError
             delay = self.publish_retry.failed()
-            self.publish_errors += 1
+            self.api_errors["slice_write"] += 1
             name = self.publisher.name
             self._note(f"cannot publish ResourceSlice {name} (retrying in {delay:.0f}s): {exc}", key=str(exc))
             return False

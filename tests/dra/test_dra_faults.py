@@ -64,7 +64,10 @@ def test_a_misbehaving_apiserver_is_counted_and_survived_and_shutdown_removes_th
             await wait_until_async(lambda: fake.slices, "slice published")
             fake.faults.update({SLICE_PATH: fault, NODE_PATH: fault})
             set_health(fake_devices, 1, 4)  # chip 1 over temperature, while the apiserver is broken
-            await wait_until_async(lambda: app.publish_errors >= 2, "failed slice writes counted")
+            await wait_until_async(
+                lambda: app.api_errors["slice_write"] >= 2 and app.api_errors["node_read"] >= 2,
+                "faults counted",
+            )
             await wait_until_async(
                 lambda: any(not d.healthy for d in app.devices.values()), "health refreshed"
             )
@@ -142,7 +145,7 @@ def test_refused_writes_back_off_to_one_a_minute(
         per_minute.append(fake.count("GET", SLICE_PATH) - before)
     assert per_minute[0] >= 4, f"the first retries come within seconds: {per_minute}"
     assert all(n <= 2 for n in per_minute[1:]), per_minute
-    assert app.publish_errors == sum(per_minute)
+    assert app.api_errors["slice_write"] == sum(per_minute)
     fake.denied.clear()
     now[0] += app.publish_retry.remaining()
     assert app.publish() is True
