@@ -137,7 +137,7 @@ class DraApp:
         self.api_errors: collections.Counter[str] = collections.Counter()
         """Requests to the API server that failed, by call: ``node_read``, ``slice_write`` (the
         GET or the PUT/POST of the slice)."""
-        self.node_reader.on_error = lambda _message: self.api_errors.update(("node_read",))
+        self.node_reader.read.on_error = lambda _message: self.api_errors.update(("node_read",))
 
     async def _serve(self, handler: DraServicer | RegistrationServicer, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ def test_a_misbehaving_apiserver_is_counted_and_survived_and_shutdown_removes_th
                 lambda: any(not d.healthy for d in app.devices.values()), "health refreshed"
             )
             assert app.allocation.allowed, "a node read that fails keeps the last answer"
-            assert app.node_reader.error is not None
+            assert app.node_reader.read.error is not None
             assert tainted(fake) == set()
             fake.faults.clear()
             await wait_until_async(

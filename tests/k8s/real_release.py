@@ -92,6 +92,25 @@ class Release:
             p for p in request_ok(self.api, "GET", path)["items"] if "deletionTimestamp" not in p["metadata"]
         ]
 
+    def pod_token(self, component: str, node: str) -> str:
+        """A token of ``component``'s ServiceAccount bound to its pod on ``node``: it names that
+        node, as the pod's own projected token does (ServiceAccountTokenPodNodeInfo)."""
+        (pod,) = [p for p in self.pods(component) if p["spec"]["nodeName"] == node]
+        account = pod["spec"]["serviceAccountName"]
+        bound = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "name": pod["metadata"]["name"],
+            "uid": pod["metadata"]["uid"],
+        }
+        answer = request_ok(
+            self.api,
+            "POST",
+            f"{NS_PATH}/serviceaccounts/{account}/token",
+            {"spec": {"boundObjectRef": bound, "expirationSeconds": 600}},
+        )
+        return str(answer["status"]["token"])
+
     def node(self, name: str) -> RealNode:
         node = self.cluster.nodes[name]
         assert isinstance(node, RealNode)

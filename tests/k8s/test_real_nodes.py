@@ -197,20 +197,7 @@ def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(releas
     plugin's own label writes went through (the install test saw the labels), and this token is
     refused another node, another label, an annotation and a taint."""
     api = release.api
-    (plugin,) = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == "gpu-a"]
-    account = plugin["spec"]["serviceAccountName"]
-    bound = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "name": plugin["metadata"]["name"],
-        "uid": plugin["metadata"]["uid"],
-    }
-    token = request_ok(
-        api,
-        "POST",
-        f"/api/v1/namespaces/ix-gpu-system/serviceaccounts/{account}/token",
-        {"spec": {"boundObjectRef": bound, "expirationSeconds": 600}},
-    )["status"]["token"]
+    token = release.pod_token("device-plugin", "gpu-a")
 
     def patch(node: str, change: dict[str, Any]) -> tuple[int, Any]:
         return api.request(

@@ -312,20 +312,7 @@ def test_the_plugins_token_may_write_only_its_own_nodes_slice(release: Release) 
     ServiceAccount bound to its pod on gpu-a (so it names node gpu-a, as the pod's own token does)
     may update gpu-a's slice and is refused gpu-b's."""
     api = release.api
-    (plugin,) = [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == "gpu-a"]
-    account = plugin["spec"]["serviceAccountName"]
-    bound = {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "name": plugin["metadata"]["name"],
-        "uid": plugin["metadata"]["uid"],
-    }
-    token = request_ok(
-        api,
-        "POST",
-        f"/api/v1/namespaces/ix-gpu-system/serviceaccounts/{account}/token",
-        {"spec": {"boundObjectRef": bound, "expirationSeconds": 600}},
-    )["status"]["token"]
+    token = release.pod_token("dra-plugin", "gpu-a")
     stored = slices(release)
     own = f"{RESOURCE_API}/resourceslices/{stored['gpu-a']['metadata']['name']}"
     status, reply = api.request("PUT", own, stored["gpu-a"], token=token)
@@ -552,13 +539,13 @@ def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(release: Releas
     assert samples and all(sample == before for sample in samples), samples
     assert plugin_metric(plugin, series) > errors_before, "the failed lists are counted"
     log = wait_until(
-        lambda: (
-            lambda text: text if "listed the ResourceSlices of gpu.iluvatar.com again" in text else None
-        )(release.log("ix-gpu-system", plugin["metadata"]["name"])),
+        lambda: (lambda text: text if "read the ResourceSlices of gpu.iluvatar.com again" in text else None)(
+            release.log("ix-gpu-system", plugin["metadata"]["name"])
+        ),
         "the plugin's log: the slices listed again",
         60,
     )
-    assert "cannot list the ResourceSlices of gpu.iluvatar.com (keeping the last answer" in log, log[-3000:]
+    assert "cannot read the ResourceSlices of gpu.iluvatar.com (keeping the last answer" in log, log[-3000:]
     # The kubelet admits a pod asking for the chips the device plugin still offers.
     namespace = f"after-restart-{secrets.token_hex(3)}"
     ns = new_namespace(api, namespace)

@@ -16,15 +16,13 @@ at start takes away nothing a pod holds.
 from __future__ import annotations
 
 import logging
-import time
 import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.error import HTTPError
 
-from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel.allocation import Verdict, device_plugin_verdict
-from ix_gpu.runtime.backoff import Backoff
+from ix_gpu.runtime.periodic_read import PeriodicRead
 
 if TYPE_CHECKING:
     from ix_gpu.plugin.server.node_config import NodeLabelReader
@@ -67,64 +65,23 @@ class DevicePluginGate:
         """``on_error``: called with the message of each failed list (a metric)."""
         self.reader = reader
         self.dra_driver = dra_driver
-        self.on_error = on_error
-        self._listed_at: float | None = None
-        self._slice_devices: int | None = None
-        first = min(1.0, reader.interval)
-        self._retry = Backoff(first=first, cap=max(first, reader.interval / 2))
-        self.error: str | None = None
-        """The last list's error while lists fail; None once one succeeds."""
-        self.failing_since: float | None = None
-
-    def _dra_devices(self) -> int | None:
-        if self.dra_driver is None:
-            return 0
-        now = time.monotonic()
-        if self.error is not None:
-            if not self._retry.ready():
-                return self._slice_devices
-        elif self._listed_at is not None and now - self._listed_at < self.reader.interval:
-            return self._slice_devices
-        self._listed_at = now
-        try:
-            count = count_slice_devices(self.reader.api, self.reader.node, self.dra_driver)
-        except (OSError, ValueError) as exc:
-            message = one_line(exc, 300)
-            delay = self._retry.failed()
-            if message != self.error:
-                log.error(
-                    "cannot list the ResourceSlices of %s "
-                    "(keeping the last answer, %s; retrying in %.0fs): %s",
-                    self.dra_driver,
-                    "none yet" if self._slice_devices is None else f"{self._slice_devices} devices",
-                    delay,
-                    message,
-                )
-            if self.error is None:
-                self.failing_since = now
-            self.error = message
-            if self.on_error is not None:
-                self.on_error(message)
-            return self._slice_devices  # the last answer; None (offer nothing) before the first
-        if self.error is not None:
-            log.info("listed the ResourceSlices of %s again", self.dra_driver)
-        self._retry.succeeded()
-        self.error, self.failing_since = None, None
-        self._slice_devices = count
-        return count
+        self.slices: PeriodicRead[int] | None = None
+        if dra_driver is not None:
+            self.slices = PeriodicRead(
+                f"the ResourceSlices of {dra_driver}",
+                lambda: count_slice_devices(reader.api, reader.node, dra_driver),
+                reader.interval,
+                logger=log,
+                on_error=on_error,
+            )
 
     def verdict(self) -> Verdict:
-        return device_plugin_verdict(self.reader.facts(), self.dra_driver, self._dra_devices())
+        """The last answers decide: None (offer nothing) only before the first list."""
+        devices = 0 if self.slices is None else self.slices.get()
+        return device_plugin_verdict(self.reader.facts(), self.dra_driver, devices)
 
     def problems(self) -> list[str]:
         """The reads that are failing now, for ``/healthz``'s detail (they do not fail it: a
         plugin restarted for an apiserver outage would drop its kubelet registration for nothing)."""
-        now = time.monotonic()
-        out = []
-        for what, error, since in (
-            (f"node {self.reader.node}", self.reader.error, self.reader.failing_since),
-            (f"the ResourceSlices of {self.dra_driver}", self.error, self.failing_since),
-        ):
-            if error is not None:
-                out.append(f"cannot read {what} for {now - (since or now):.0f}s: {error}")
-        return out
+        problems = [self.reader.read.problem(), None if self.slices is None else self.slices.problem()]
+        return [problem for problem in problems if problem is not None]

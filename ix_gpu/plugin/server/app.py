@@ -105,10 +105,11 @@ class PluginApp:
             settings.api_server, settings.node_name, on_error=self._api_error("label_write")
         )
         if settings.node_config is not None:
-            settings.node_config.on_error = self._api_error("node_read")
+            settings.node_config.read.on_error = self._api_error("node_read")
         if settings.allocation is not None:
-            settings.allocation.reader.on_error = self._api_error("node_read")
-            settings.allocation.on_error = self._api_error("slice_list")
+            settings.allocation.reader.read.on_error = self._api_error("node_read")
+            if settings.allocation.slices is not None:
+                settings.allocation.slices.on_error = self._api_error("slice_list")
         self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration")}
         self._labels_warned = False
         self._cdi_error: str | None = None
@@ -350,8 +351,8 @@ class PluginApp:
         kubelet's connection (every device Unhealthy) for an outage that is not this node's."""
         out = list(self.settings.allocation.problems()) if self.settings.allocation is not None else []
         reader = self.settings.node_config
-        if reader is not None and reader.error is not None and not any(reader.node in n for n in out):
-            out.append(f"cannot read node {reader.node}: {reader.error}")
+        if reader is not None and (problem := reader.read.problem()) is not None and problem not in out:
+            out.append(problem)
         if self.labeler.error is not None:
             out.append(f"cannot label node {self.labeler.node}: {self.labeler.error}")
         return out

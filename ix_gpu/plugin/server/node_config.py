@@ -14,8 +14,8 @@ minute's delay before a node changes its config is what NVIDIA's config-manager 
 (it restarts the plugin).
 
 A read that fails keeps what was read before (the last known good node), and is retried sooner
-than the interval (:class:`~ix_gpu.runtime.backoff.Backoff`, from 1 s up to half the interval):
-an apiserver restart must change nothing a node offers, and the node is current again soon after.
+than the interval (:class:`~ix_gpu.runtime.periodic_read.PeriodicRead`): an apiserver restart must
+change nothing a node offers, and the node is current again soon after.
 
 When the label names a config the ConfigMap does not have, the node keeps the config it is using
 and says so (log and metric) until the label or the ConfigMap is fixed: switching to the default
@@ -25,7 +25,6 @@ instead could change the node's advertised capacity under running pods because o
 from __future__ import annotations
 
 import logging
-import time
 import urllib.parse
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING
 from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.allocation import NodeFacts
-from ix_gpu.runtime.backoff import Backoff
+from ix_gpu.runtime.periodic_read import PeriodicRead
 
 if TYPE_CHECKING:
     from ix_gpu.runtime.kube import ApiServer
@@ -93,7 +92,7 @@ class NodeLabelReader:
     """This node's labels and allocatable (:class:`NodeFacts`), re-read at most every ``interval``:
     the :data:`labels.DEVICE_PLUGIN_CONFIG` label for the config, the allocation label and
     allocatable for :mod:`ix_gpu.devicemodel.allocation` (the DRA plugin reads its node through
-    this class too)."""
+    this class too). A read that fails keeps the last answer (:class:`PeriodicRead`)."""
 
     def __init__(
         self,
@@ -107,55 +106,21 @@ class NodeLabelReader:
         self.api = api
         self.node = node
         self.interval = interval
-        self.on_error = on_error
-        self._read_at: float | None = None
-        self._facts: NodeFacts | None = None
-        first = min(1.0, interval)
-        self._retry = Backoff(first=first, cap=max(first, interval / 2))
-        self.error: str | None = None
-        """The last read's error while reads fail; None once one succeeds."""
-        self.failing_since: float | None = None
+        self.read = PeriodicRead(f"node {node}", self._read, interval, logger=log, on_error=on_error)
+
+    def _read(self) -> NodeFacts:
+        path = f"/api/v1/nodes/{urllib.parse.quote(self.node)}?resourceVersion=0"
+        node = self.api.request("GET", path, timeout=10, max_bytes=1 << 20)
+        metadata = node.get("metadata") if isinstance(node, dict) else None
+        if not isinstance(metadata, dict) or metadata.get("name") != self.node:
+            # Only this Node is an answer: anything else read as a node without labels would move
+            # a DRA node to the device plugin (both would hand out its chips).
+            raise ValueError(f"the answer is not Node {self.node}: {one_line(str(node), 120)}")
+        return NodeFacts.from_node(node)
 
     def facts(self) -> NodeFacts | None:
         """The node as last read (None: never read); the last known while the apiserver fails."""
-        now = time.monotonic()
-        if self.error is not None:
-            if not self._retry.ready():
-                return self._facts
-        elif self._read_at is not None and now - self._read_at < self.interval:
-            return self._facts
-        self._read_at = now
-        path = f"/api/v1/nodes/{urllib.parse.quote(self.node)}?resourceVersion=0"
-        try:
-            node = self.api.request("GET", path, timeout=10, max_bytes=1 << 20)
-            metadata = node.get("metadata") if isinstance(node, dict) else None
-            if not isinstance(metadata, dict) or metadata.get("name") != self.node:
-                # Only this Node is an answer: anything else read as a node without labels would
-                # move a DRA node to the device plugin (both would hand out its chips).
-                raise ValueError(f"the answer is not Node {self.node}: {one_line(str(node), 120)}")
-            facts = NodeFacts.from_node(node)
-        except (OSError, ValueError) as exc:  # the client's errors are OSErrors; a junk node, ValueError
-            message = one_line(exc, 300)
-            delay = self._retry.failed()
-            if message != self.error:
-                log.error(
-                    "cannot read node %s (keeping what was read before; retrying in %.0fs): %s",
-                    self.node,
-                    delay,
-                    message,
-                )
-            if self.error is None:
-                self.failing_since = now
-            self.error = message
-            if self.on_error is not None:
-                self.on_error(message)
-            return self._facts
-        if self.error is not None:
-            log.info("read node %s again (it failed for %.0fs)", self.node, now - (self.failing_since or now))
-        self._retry.succeeded()
-        self.error, self.failing_since = None, None
-        self._facts = facts
-        return self._facts
+        return self.read.get()
 
     def value(self) -> str | None:
         """The config label's value (None: absent); the last known one while the apiserver fails."""
