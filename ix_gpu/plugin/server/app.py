@@ -349,10 +349,11 @@ class PluginApp:
         """What ``/healthz`` adds to a 200: reads of the API server that fail now. They do not
         fail the probe: the node keeps what it read last, and a restart would only drop the
         kubelet's connection (every device Unhealthy) for an outage that is not this node's."""
-        out = list(self.settings.allocation.problems()) if self.settings.allocation is not None else []
+        gate = self.settings.allocation
+        out = gate.problems() if gate is not None else []
         reader = self.settings.node_config
-        if reader is not None and (problem := reader.read.problem()) is not None and problem not in out:
-            out.append(problem)
+        if reader is not None and (gate is None or reader is not gate.reader):
+            out += [problem] if (problem := reader.read.problem()) is not None else []
         if self.labeler.error is not None:
             out.append(f"cannot label node {self.labeler.node}: {self.labeler.error}")
         return out
