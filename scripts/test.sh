@@ -81,7 +81,7 @@ step "pytest: everything but the real-Kubernetes tier (beside the builds)"
 # pytest's exit 5 is "no test selected" (arguments naming only one kind of test): not a failure
 # unless neither run selected anything.
 set +e
-.venv/bin/pytest -m "not k8s" "$@"
+.venv/bin/pytest -m "not k8s" --durations=15 "$@"
 unit_rc=$?
 set -e
 
@@ -95,7 +95,7 @@ step "pytest: the real-Kubernetes tier"
 export IX_GPU_K8S=1
 export IX_GPU_TIER_REPORT="$LOGS/real-nodes-not-run"
 set +e
-.venv/bin/pytest -m k8s "$@"
+.venv/bin/pytest -m k8s --durations=25 "$@"
 k8s_rc=$?
 set -e
 end_step

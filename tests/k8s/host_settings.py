@@ -76,15 +76,17 @@ SYSCTLS = (
     ),
     Sysctl(
         "fs.inotify.max_user_instances",
-        512,
-        "two kubelets, two containerds, three kube-proxies and the pods' own watchers, all as root, "
-        "share this per-user limit (the kernel's default is 128; kind asks for 512)",
+        128,
+        "two kubelets, two containerds, three kube-proxies and the pods' own watchers share this "
+        "per-user limit (all run as root); measured at the tier's peak: 25 instances. 128 is the "
+        "kernel's default",
         at_least=True,
     ),
     Sysctl(
         "fs.inotify.max_user_watches",
-        524288,
-        "the kubelets and containerds watch every pod's volumes and logs (kind asks for 524288)",
+        8192,
+        "the kubelets and containerds watch the pods' volumes and logs; measured at the tier's "
+        "peak: 321 watches. 8192 is the smallest default a kernel gives",
         at_least=True,
     ),
 )

@@ -27,8 +27,8 @@ from tests.support.paths import ROOT
 
 FRESH = {
     "net/ipv4/ip_forward": "0",
-    "fs/inotify/max_user_instances": "128",
-    "fs/inotify/max_user_watches": "8192",
+    "fs/inotify/max_user_instances": "64",  # below the floors (a machine set lower than a kernel's default)
+    "fs/inotify/max_user_watches": "4096",
 }
 
 
@@ -56,13 +56,13 @@ def test_apply_sets_what_the_tier_needs_and_restore_puts_back_the_machines_value
     changed = host_settings.apply()
     assert changed == {
         "net.ipv4.ip_forward": "0",
-        "fs.inotify.max_user_instances": "128",
-        "fs.inotify.max_user_watches": "8192",
+        "fs.inotify.max_user_instances": "64",
+        "fs.inotify.max_user_watches": "4096",
     }
     assert values(proc_sys) == {
         "net/ipv4/ip_forward": "1",
-        "fs/inotify/max_user_instances": "512",
-        "fs/inotify/max_user_watches": "524288",
+        "fs/inotify/max_user_instances": "128",
+        "fs/inotify/max_user_watches": "8192",
     }
     assert json.loads(host_settings.STATE_FILE.read_text())["sysctls"] == changed
     assert host_settings.pending(), "a changed setting is a leftover until it is put back"
@@ -77,7 +77,7 @@ def test_apply_sets_what_the_tier_needs_and_restore_puts_back_the_machines_value
 def test_settings_already_as_needed_are_left_alone(proc_sys: Path) -> None:
     (proc_sys / "net/ipv4/ip_forward").write_text("1\n")
     (proc_sys / "fs/inotify/max_user_instances").write_text("8192\n")  # above the floor: kept
-    assert host_settings.apply() == {"fs.inotify.max_user_watches": "8192"}
+    assert host_settings.apply() == {"fs.inotify.max_user_watches": "4096"}
     assert (proc_sys / "fs/inotify/max_user_instances").read_text().strip() == "8192"
     host_settings.restore()
     assert values(proc_sys)["net/ipv4/ip_forward"] == "1"
@@ -103,7 +103,7 @@ def test_a_setting_that_cannot_be_written_undoes_the_others_and_says_which(
         real_write(path, value)
 
     monkeypatch.setattr(host_settings, "_write", refuse)
-    with pytest.raises(host_settings.HostUnfit, match=r"cannot set fs\.inotify\.max_user_instances=512"):
+    with pytest.raises(host_settings.HostUnfit, match=r"cannot set fs\.inotify\.max_user_instances=128"):
         host_settings.apply()
     assert values(proc_sys) == FRESH
     assert not host_settings.STATE_FILE.exists()
