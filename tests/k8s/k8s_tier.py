@@ -206,6 +206,8 @@ class KubeAPI:
     kubeconfig: Path
     process: Process
     log_dir: Path
+    etcd_prefix: str | None = None
+    """Where its objects are in etcd (None: the apiserver's default, /registry)."""
 
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_path))
@@ -217,15 +219,19 @@ class KubeAPI:
             return False
         return status == 200
 
-    def restart(self, down_s: float) -> None:
-        """Stop the apiserver, keep it down ``down_s`` seconds, and start it again with the same
-        arguments (port, certificates, etcd): what an apiserver restart or upgrade looks like to
-        every client."""
+    def start_again(self) -> None:
+        """Start the stopped apiserver again with the same arguments (port, certificates, etcd and
+        its prefix) and wait for /readyz: to every client, the same apiserver restarted."""
         argv = [str(a) for a in self.process.popen.args]  # type: ignore[union-attr]
-        self.process.stop()
-        time.sleep(down_s)
         self.process = start_process(self.process.name, argv, self.log_dir)
         _wait_started(self.ready, "kube-apiserver /readyz after a restart", self.process, self.process.stop)
+
+    def restart(self, down_s: float) -> None:
+        """Stop the apiserver, keep it down ``down_s`` seconds, and start it again (an apiserver
+        restart or upgrade, as every client sees it)."""
+        self.process.stop()
+        time.sleep(down_s)
+        self.start_again()
 
     def request(
         self,
@@ -402,7 +408,13 @@ def start_kube_apiserver(
     kubeconfig = work_dir / "kubeconfig"
     write_kubeconfig(kubeconfig, url, certs["ca.crt"], token)
     api = KubeAPI(
-        url=url, token=token, ca_path=certs["ca.crt"], kubeconfig=kubeconfig, process=proc, log_dir=log_dir
+        url=url,
+        token=token,
+        ca_path=certs["ca.crt"],
+        kubeconfig=kubeconfig,
+        process=proc,
+        log_dir=log_dir,
+        etcd_prefix=etcd_prefix,
     )
     _wait_started(api.ready, "kube-apiserver /readyz", proc, proc.stop)
     return api

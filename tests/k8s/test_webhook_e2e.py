@@ -36,7 +36,6 @@ from tests.k8s.webhook_fixtures import (
 from tests.support import objects
 from tests.support.cli import ix_gpu
 from tests.support.objects import pod, review
-from tests.support.processes import start_process
 from tests.support.waiting import wait_until
 from tests.support.webhook_process import WebhookProcess, generate_certs
 
@@ -639,25 +638,21 @@ def test_the_apiserver_refuses_namespaces_with_a_pod_security_label_that_is_not_
 # --------------------------------------------------------------------------- apiserver restart
 
 
-def _ready(kube: KubeAPI) -> bool:
-    try:
-        return kube.request("GET", "/readyz", timeout=5)[0] == 200
-    except OSError:
-        return False
-
-
 def test_namespace_cache_survives_an_apiserver_restart(
     kube_api: KubeAPI,
     suite: Suite,
-    k8s_binaries: K8sBinaries,
+    oldest_binaries: K8sBinaries,
     etcd: Etcd,
     tmp_path: Path,
 ) -> None:
-    """A second apiserver on the session's etcd is the webhook's API; it is stopped and started again
-    (same port, certificates and flags) while namespaces change through the session apiserver."""
+    """A second apiserver on the session's etcd, of the same version and on the same etcd prefix,
+    is the webhook's API; it is stopped and started again (same port, certificates and flags) while
+    namespaces change through the session apiserver."""
     log_dir = suite.log_dir / f"restart-{suite.token}"
     log_dir.mkdir()
-    private = start_kube_apiserver(k8s_binaries, etcd, tmp_path / "apiserver", log_dir)
+    private = start_kube_apiserver(
+        oldest_binaries, etcd, tmp_path / "apiserver", log_dir, etcd_prefix=kube_api.etcd_prefix
+    )
     server = suite.webhook_process("restart", private.kubeconfig)
     try:
         server.start(ready=True)
@@ -688,8 +683,7 @@ def test_namespace_cache_survives_an_apiserver_restart(
                  {"metadata": {"annotations": {INJECT: "disabled"}}},
                  content_type="application/merge-patch+json"))  # fmt: skip
         during = suite.namespace(scope="restart", annotations={INJECT: "disabled"})
-        private.process = start_process("kube-apiserver", list(private.process.popen.args), log_dir)  # type: ignore[arg-type]
-        wait_until(lambda: _ready(private), "restarted apiserver /readyz", 120, interval=0.2)
+        private.start_again()
 
         # The watch resumes (or re-lists) and the cache sees both changes without direct GETs
         # (a miss would GET and fill the cache, so wait on the cache's size, not on answers).
