@@ -115,6 +115,21 @@ def namespace_facts(obj: Any) -> NamespaceFacts | None:
     return NamespaceFacts(name, _kept(metadata.get("labels")), _kept(metadata.get("annotations")))
 
 
+def slim_namespace(obj: Any) -> Any:
+    """A listed Namespace cut down to what :func:`namespace_facts` reads: its name and the labels
+    and annotations under the kept prefixes (no managedFields, no last-applied-configuration)."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(metadata, dict):
+        return obj
+    return {
+        "metadata": {
+            "name": metadata.get("name"),
+            "labels": _kept(metadata.get("labels")),
+            "annotations": _kept(metadata.get("annotations")),
+        }
+    }
+
+
 def _resource_version(obj: Any) -> str | None:
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     value = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
@@ -143,24 +158,79 @@ class ListWatchApi(Protocol):
     def close(self) -> None: ...
 
 
-class KubernetesListWatch:
-    """List and watch of one resource (``list_method``, a kubernetes client list call) as raw JSON."""
+PAGE_SIZE = 500
+"""Objects per list request. A list is read a page at a time and each page is cut down to what the
+cache keeps before the next is read, so the memory a (re-)list needs grows with the page, not
+with the cluster: parsed whole, 50,000 namespaces with their managedFields and annotations would
+take the webhook past its memory limit at every start (issue figures: 3.5 KB per namespace)."""
 
-    def __init__(self, list_method: Callable[..., Any], what: str, list_timeout: float = 15.0) -> None:
+PARTIAL_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+"""What to ask for when only an object's metadata is read: the apiserver leaves out spec and status
+(falling back to the whole object where it cannot)."""
+
+
+class KubernetesListWatch:
+    """List and watch of one resource (``list_method``, a kubernetes client list call) as raw JSON.
+
+    ``slim`` cuts each listed object down to what the cache keeps, as its page is parsed (the
+    default keeps it whole). ``metadata_only`` asks the apiserver for metadata alone
+    (``PartialObjectMetadata``), for caches that read nothing else."""
+
+    def __init__(
+        self,
+        list_method: Callable[..., Any],
+        what: str,
+        list_timeout: float = 15.0,
+        *,
+        page_size: int = PAGE_SIZE,
+        slim: Callable[[Any], Any] | None = None,
+        metadata_only: bool = False,
+    ) -> None:
         self._list_method = list_method
         self._what = what
         self._list_timeout = list_timeout
+        self._page_size = page_size
+        self._slim = slim
+        self._list_headers = {"Accept": PARTIAL_METADATA_LIST} if metadata_only else None
+        self._watch_headers = {"Accept": PARTIAL_METADATA} if metadata_only else None
         self._response: Any = None
         self._lock = threading.Lock()
+        self.pages = 0
+        """List requests made (a page each), for tests and the status."""
 
     def list(self) -> tuple[list[Any], str]:
-        resp = self._call(self._list_method, _preload_content=False, _request_timeout=self._list_timeout)
-        doc = orjson.loads(resp.data)
-        items = doc.get("items") if isinstance(doc, dict) else None
-        version = _resource_version(doc) if isinstance(doc, dict) else None
-        if not isinstance(items, list) or version is None:
-            raise ValueError(f"{self._what} list without items or metadata.resourceVersion")
-        return items, version
+        """Every object, a page at a time (``limit``/``continue``), with the resourceVersion of the
+        first page: the apiserver serves the pages of one list from one snapshot, so watching from
+        that version misses nothing. A continue token that expired mid-list is a 410 (ApiGone),
+        and the caller lists again from the start."""
+        items: list[Any] = []
+        version: str | None = None
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": self._page_size}
+            if token:
+                kwargs["_continue"] = token
+            if self._list_headers is not None:
+                kwargs["_headers"] = self._list_headers
+            resp = self._call(
+                self._list_method, _preload_content=False, _request_timeout=self._list_timeout, **kwargs
+            )
+            self.pages += 1
+            doc = orjson.loads(resp.data)
+            page = doc.get("items") if isinstance(doc, dict) else None
+            metadata = doc.get("metadata") if isinstance(doc, dict) else None
+            if not isinstance(page, list) or not isinstance(metadata, dict):
+                raise ValueError(f"{self._what} list without items or metadata")
+            if version is None:
+                version = _resource_version(doc)
+                if version is None:
+                    raise ValueError(f"{self._what} list without metadata.resourceVersion")
+            items.extend(page if self._slim is None else map(self._slim, page))
+            del doc, page  # this page's parse is garbage before the next one is read
+            token = metadata.get("continue") or ""
+            if not isinstance(token, str) or not token:
+                return items, version
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         resp = self._call(
@@ -169,6 +239,7 @@ class KubernetesListWatch:
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_seconds,
+            **({"_headers": self._watch_headers} if self._watch_headers is not None else {}),
             _preload_content=False,
             # Connect fast; the read may legitimately idle until the server ends the watch.
             _request_timeout=(self._list_timeout, timeout_seconds + 30),
@@ -214,19 +285,28 @@ class KubernetesListWatch:
 class KubernetesNamespaceApi(KubernetesListWatch):
     """Namespaces through the kubernetes client, as raw JSON."""
 
-    def __init__(self, api_client: Any, list_timeout: float = 15.0) -> None:
+    def __init__(self, api_client: Any, list_timeout: float = 15.0, page_size: int = PAGE_SIZE) -> None:
         from kubernetes import client
 
         # Typed as Any: with _preload_content=False the client returns raw urllib3 responses,
         # which its own annotations (written for the deserialised models) do not describe.
         self._core: Any = client.CoreV1Api(api_client)
-        super().__init__(self._core.list_namespace, "namespace", list_timeout)
+        super().__init__(
+            self._core.list_namespace,
+            "namespace",
+            list_timeout,
+            page_size=page_size,
+            slim=slim_namespace,
+            metadata_only=True,
+        )
 
     def get(self, name: str, timeout: float) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            resp = self._core.read_namespace(name, _preload_content=False, _request_timeout=timeout)
+            resp = self._core.read_namespace(
+                name, _preload_content=False, _request_timeout=timeout, _headers={"Accept": PARTIAL_METADATA}
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
