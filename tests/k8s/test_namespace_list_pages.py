@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.service.namespace_cache import KubernetesNamespaceApi, api_client, namespace_facts
 from tests.k8s.k8s_tier import KubeAPI
 from tests.k8s.pods import request_ok
@@ -34,20 +35,15 @@ def test_a_paged_metadata_only_list_keeps_only_what_the_webhook_reads(kube_api: 
     api = KubernetesNamespaceApi(api_client(str(kube_api.kubeconfig)), page_size=2)
     try:
         items, version = api.list()
-        listed = {item["metadata"]["name"]: item for item in items}
+        assert all(isinstance(item, NamespaceFacts) for item in items), "each kept as its facts"
+        listed = {item.name: item for item in items}
         assert set(names) <= set(listed)
         assert api.pages >= (len(listed) + 1) // 2, "2 a page: every page was read"
         assert version.isdigit()
-        ours = listed[names[0]]
-        assert ours == {
-            "metadata": {
-                "name": names[0],
-                "labels": {"pod-security.kubernetes.io/enforce": "baseline"},
-                "annotations": {"ix-gpu.io/inject": "disabled"},
-            }
-        }, "no managedFields, no other label, no last-applied-configuration"
-        facts = namespace_facts(ours)
-        assert facts is not None and facts.annotations == {"ix-gpu.io/inject": "disabled"}
+        assert listed[names[0]] == NamespaceFacts(
+            names[0], {"pod-security.kubernetes.io/enforce": "baseline"}, {"ix-gpu.io/inject": "disabled"}
+        ), "no other label, no last-applied-configuration"
+        assert namespace_facts(listed[names[0]]) is listed[names[0]]
         # A watch from the list's version, metadata only, sees what comes after the list.
         late = f"pages-{token}-late"
         request_ok(

@@ -105,7 +105,10 @@ def _kept(value: Any) -> dict[str, str]:
 
 
 def namespace_facts(obj: Any) -> NamespaceFacts | None:
-    """Facts from a Namespace object (a plain dict), or None when it has no name."""
+    """Facts from a Namespace object (a plain dict, or facts already made by
+    :func:`slim_namespace`), or None when it has no name."""
+    if isinstance(obj, NamespaceFacts):
+        return obj
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     if not isinstance(metadata, dict):
         return None
@@ -116,18 +119,11 @@ def namespace_facts(obj: Any) -> NamespaceFacts | None:
 
 
 def slim_namespace(obj: Any) -> Any:
-    """A listed Namespace cut down to what :func:`namespace_facts` reads: its name and the labels
-    and annotations under the kept prefixes (no managedFields, no last-applied-configuration)."""
-    metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    if not isinstance(metadata, dict):
-        return obj
-    return {
-        "metadata": {
-            "name": metadata.get("name"),
-            "labels": _kept(metadata.get("labels")),
-            "annotations": _kept(metadata.get("annotations")),
-        }
-    }
+    """A listed Namespace as what the cache keeps of it, its :class:`NamespaceFacts` (the name and
+    the labels and annotations under the kept prefixes), made while its page is parsed: nothing of
+    the rest (managedFields, a last-applied-configuration) outlives the page."""
+    facts = namespace_facts(obj)
+    return obj if facts is None else facts
 
 
 def _resource_version(obj: Any) -> str | None:
