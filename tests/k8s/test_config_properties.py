@@ -203,16 +203,19 @@ CLUSTER_SCOPED = {
     "MutatingWebhookConfiguration",
     "Namespace",
     "RuntimeClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 
 def _collection(obj: dict[str, Any]) -> str:
     """The REST collection an object is created in (for the kinds used here, the plural is the
-    lower-case kind plus s, or es after an s)."""
+    lower-case kind plus s, es after an s, ies for a final y)."""
     version = obj["apiVersion"]
     base = "/api/v1" if version == "v1" else f"/apis/{version}"
     kind = obj["kind"].lower()
-    plural = kind + "es" if kind.endswith("s") else kind + "s"
+    plurals = {"y": kind[:-1] + "ies", "s": kind + "es"}
+    plural = plurals.get(kind[-1], kind + "s")
     if obj["kind"] in CLUSTER_SCOPED:
         return f"{base}/{plural}"
     namespace = obj["metadata"].get("namespace", NAMESPACE)
