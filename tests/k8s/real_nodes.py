@@ -800,12 +800,17 @@ class RealNodes:
 
     def prepare(self) -> Images:
         """Raises :class:`host_settings.HostUnfit` (nothing changed) when this machine cannot run
-        real nodes; the host settings it changes are put back by ``close()``."""
-        host_settings.apply()
+        real nodes. The host settings are changed only once the images are built, just before the
+        host network that needs them (a pytest session ending meanwhile elsewhere puts recorded
+        settings back while no tier bridge exists); ``close()`` puts them back."""
+        reason = host_settings.unfit_reason()
+        if reason:
+            raise host_settings.HostUnfit(reason)
         self.images = build_images()
         self._created_mount_points = ensure_mount_points()
         TIER_ROOT.mkdir(parents=True, exist_ok=True)
         HOST_CHAINS_BEFORE.write_text(json.dumps(kube_chains()))
+        host_settings.apply()
         setup_host_network(self.specs)
         return self.images
 
