@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -71,10 +72,38 @@ CLUSTER_CIDR = "198.51.100.64/25"
 TIER_CIDR = "198.51.100.0/24"
 FILTER_CHAIN = "IX-GPU-TIER"
 KUBE_PROXY_PORTS = (10249, 10256)
-MISC_DEVICES = ((10, 237), (10, 234), (10, 235), (10, 183))
-"""Stand-ins for /dev/iluvatarN, in order: loop-control, btrfs-control, autofs, hwrng. Each opens for reading
-without side effects, and none is on runc's default allow-list (null, zero, full, random, urandom,
-tty, console, ptmx, pts, tun), so only a container given the device can open it."""
+HARMLESS_MISC = (
+    (237, "loop-control"),
+    (234, "btrfs-control"),
+    (235, "autofs"),
+    (183, "hw_random"),
+    (232, "kvm"),
+    (257, "userfaultfd"),
+    (256, "vga_arbiter"),
+    (258, "vsock"),
+)
+"""Misc devices (major 10) that open for reading without side effects and are not on runc's
+default allow-list (null, zero, full, random, urandom, tty, console, ptmx, pts, tun), so only a
+container given the device can open it; in order of preference. Which exist depends on the kernel:
+this kind's fresh machines have no autofs, whose number a stand-in made earlier then failed to open
+(ENODEV) whenever the allocator handed out that chip."""
+
+
+@functools.cache
+def misc_devices(count: int = 4, proc_misc: Path = Path("/proc/misc")) -> tuple[tuple[int, int], ...]:
+    """Stand-ins for /dev/iluvatar0..count-1, in order: the first ``count`` of HARMLESS_MISC this
+    kernel has. Raises :class:`host_settings.HostUnfit` when it has fewer."""
+    registered = {int(line.split()[0]) for line in proc_misc.read_text().splitlines() if line.strip()}
+    found = tuple((10, minor) for minor, _ in HARMLESS_MISC if minor in registered)
+    if len(found) < count:
+        names = ", ".join(f"{name} (10:{minor})" for minor, name in HARMLESS_MISC)
+        raise host_settings.HostUnfit(
+            f"this kernel registers fewer than {count} of the misc devices the tier's GPUs stand in "
+            f"for: {names}"
+        )
+    return found[:count]
+
+
 CONTROL_DEVICE = (1, 11)
 """/dev/itrctl, the Iluvatar control node the plugin hands to every GPU container: kmsg's numbers."""
 LIBIXML_SOURCE = ROOT / "tests" / "plugin" / "fake_ixml.c"
@@ -355,7 +384,7 @@ def launcher_script(spec: RealNodeSpec, containerd_bin: Path) -> str:
         "done",
     ]
     for minor in range(spec.chips):
-        major, dev_minor = MISC_DEVICES[minor]
+        major, dev_minor = misc_devices()[minor]
         lines.append(f"mknod -m 666 /dev/iluvatar{minor} c {major} {dev_minor}")
     lines.append(f"mknod -m 666 /dev/itrctl c {CONTROL_DEVICE[0]} {CONTROL_DEVICE[1]}")
     lines.append(f'export PATH="{containerd_bin}:$PATH"')
@@ -806,6 +835,7 @@ class RealNodes:
         reason = host_settings.unfit_reason()
         if reason:
             raise host_settings.HostUnfit(reason)
+        misc_devices()  # the GPUs' stand-ins exist on this kernel
         self.images = build_images()
         self._created_mount_points = ensure_mount_points()
         TIER_ROOT.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from tests.k8s.conftest import REAL_NODES_NOT_RUN, _tier_requested
 from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_binaries, build_helm
 from tests.k8s.pods import request_ok
-from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers
+from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers, misc_devices
 
 NAMESPACE = "ix-gpu-system"
 NS_PATH = f"/api/v1/namespaces/{NAMESPACE}"
@@ -37,7 +37,7 @@ for path in given:
     print("opened:", path)
 # A device the container was not given: made here with the numbers of another node chip. The
 # device cgroup refuses the open (EPERM) whatever the file says.
-for numbers in ((10, 237), (10, 234), (10, 235), (10, 183)):
+for numbers in @MISC@:
     if any(os.stat(p).st_rdev == os.makedev(*numbers) for p in given):
         continue
     os.mknod("/tmp/other", stat.S_IFCHR | 0o666, os.makedev(*numbers))
@@ -60,6 +60,11 @@ print("done", flush=True)
 import time
 time.sleep(3600)
 """
+
+
+def device_check() -> str:
+    """DEVICE_CHECK with this kernel's stand-in device numbers (real_nodes.misc_devices)."""
+    return DEVICE_CHECK.replace("@MISC@", repr(misc_devices()))
 
 
 class Release:
@@ -141,6 +146,10 @@ def open_release(
     reason = host_settings.unfit_reason()
     if reason:
         skip_real_nodes(request.config, reason)
+    try:
+        misc_devices()
+    except host_settings.HostUnfit as err:
+        skip_real_nodes(request.config, str(err))
     # KUBE-* rules already on the host are another kubelet's or kube-proxy's, not ours to judge.
     host_chains = kube_chains()
     stale = leftovers(keep=host_chains)

@@ -42,11 +42,11 @@ from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import REAL_NODES
 from tests.k8s.real_release import (
-    DEVICE_CHECK,
     NAMESPACE,
     NS_PATH,
     RESOURCE,
     Release,
+    device_check,
     image_pod,
     open_release,
 )
@@ -246,7 +246,7 @@ def test_the_seed_pod_sees_only_its_devices_and_the_driver_root_read_only(releas
     corex = load_yaml(EXAMPLES / "gpu-pod.yaml")  # the seed's pod as the user wrote it
     container = corex["spec"]["containers"][0]
     # Its image and command replaced by ours; root, so it may try mknod (the device cgroup decides).
-    container.update(image=release.image, command=["python3", "-c", DEVICE_CHECK], args=[])
+    container.update(image=release.image, command=["python3", "-c", device_check()], args=[])
     container["securityContext"] = {"runAsUser": 0}
     corex["spec"]["terminationGracePeriodSeconds"] = 1
     request_ok(api, "POST", f"{ns}/pods", corex)

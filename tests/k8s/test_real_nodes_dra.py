@@ -28,7 +28,7 @@ import pytest
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import REAL_NODES, TIER_ROOT, Images
-from tests.k8s.real_release import DEVICE_CHECK, Release, image_pod, open_release
+from tests.k8s.real_release import Release, device_check, image_pod, open_release
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
@@ -112,7 +112,9 @@ def claim_pod(
     """A root pod of the project image running DEVICE_CHECK with one claim, from ``template`` or
     the ResourceClaim ``claim``."""
     source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim}
-    pod = image_pod(name, image, ["python3", "-c", DEVICE_CHECK], resourceClaims=[{"name": "gpu", **source}])
+    pod = image_pod(
+        name, image, ["python3", "-c", device_check()], resourceClaims=[{"name": "gpu", **source}]
+    )
     container = pod["spec"]["containers"][0]
     container["resources"] = {"claims": [{"name": "gpu"}]}
     container["securityContext"] = {"runAsUser": 0}
