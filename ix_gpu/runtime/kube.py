@@ -1,15 +1,17 @@
-"""Kubernetes API access for both processes: in-cluster or from a kubeconfig, token re-read on use.
+"""Kubernetes API access: in-cluster or from a kubeconfig, token re-read on use.
 
 Two clients, one set of rules:
 
-- :class:`ApiServer` is a few standard-library HTTP calls. The device plugin (and ``ix-gpu
-  labels``) use it because importing the official client would cost the plugin more memory than
-  the rest of it together: measured on the plugin's imports, ``kubernetes.client`` and
-  ``kubernetes.config`` take a process from 30.3 to 54.9 MiB; this client and its kubeconfig
-  reader (:mod:`.kubeconfig`) add 0.5 MiB. It takes token, tokenFile and client-certificate
-  users and refuses the other kubeconfig forms by name.
-- :func:`client_configuration` configures the official ``kubernetes`` client, which the webhook
-  already carries for its namespace watch and its certificate Secret.
+- :class:`ApiServer` is a few standard-library HTTP calls, used by every long-running process:
+  the device plugin, the DRA plugin and the webhook (its caches, :mod:`.list_watch`, and its
+  certificate Secret). Importing the official client would cost the plugin more memory than the
+  rest of it together (``kubernetes.client`` and ``kubernetes.config`` take a process from 30.3 to
+  54.9 MiB), and the webhook 36 MiB of its 101 MiB at rest; this client and its kubeconfig reader
+  (:mod:`.kubeconfig`) add 0.5 MiB. It takes token, tokenFile and client-certificate users and
+  refuses the other kubeconfig forms by name.
+- :func:`client_configuration` configures the official ``kubernetes`` client for
+  ``ix-gpu check-injection``, a command run from an operator's machine, whose kubeconfig may
+  well use an exec credential plugin.
 
 Inside a Pod both read the service-account token **on every request**: projected tokens are
 rotated by the kubelet (hourly by default), and a process that read the token once fails with 401
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Callable
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_FILE = SERVICE_ACCOUNT / "token"
@@ -127,6 +130,13 @@ class ApiServer:
             self.client_certificate.load_into(context)
         return context
 
+    def headers(self, accept: str = "application/json") -> dict[str, str]:
+        """What every request carries: ``Accept``, and the bearer token as it is now."""
+        headers = {"Accept": accept}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {read_token(self.token)}"
+        return headers
+
     def request(
         self,
         method: str,
@@ -134,10 +144,12 @@ class ApiServer:
         body: Any = None,
         *,
         content_type: str = "application/json",
+        accept: str = "application/json",
         timeout: float = 10,
         max_bytes: int = 4 << 20,
+        parse: Callable[[bytes], Any] = json.loads,
     ) -> Any:
-        """One JSON request; the decoded answer. Raises ``OSError`` and nothing else:
+        """One JSON request; the answer decoded by ``parse``. Raises ``OSError`` and nothing else:
         ``HTTPError`` for an HTTP error status (its ``code`` says which), ``URLError`` for a
         connection that failed, ``ssl.SSLError`` for a certificate that cannot be loaded,
         :class:`ApiError` for an answer that broke off, was not JSON or was too large."""
@@ -146,9 +158,8 @@ class ApiServer:
         import http.client
         import urllib.request
 
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        if self.token is not None:
-            headers["Authorization"] = f"Bearer {read_token(self.token)}"
+        headers = self.headers(accept)
+        headers["Content-Type"] = content_type
         request = urllib.request.Request(
             f"{self.base_url}{path}",
             data=None if body is None else json.dumps(body).encode(),
@@ -164,7 +175,7 @@ class ApiServer:
         if len(raw) > max_bytes:
             raise ApiError(f"{method} {path}: answer larger than {max_bytes} bytes")
         try:
-            return json.loads(raw) if raw else None
+            return parse(raw) if raw else None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
             raise ApiError(f"{method} {path}: the answer is not JSON: {exc}"[:500]) from exc
 

@@ -1,5 +1,5 @@
-"""A kubeconfig read for :class:`ix_gpu.runtime.kube.ApiServer`, the light client of the device plugin
-and of ``ix-gpu labels``.
+"""A kubeconfig read for :class:`ix_gpu.runtime.kube.ApiServer`, the light client of the node agents,
+the webhook and ``ix-gpu labels``.
 
 Why the light client does not take every kubeconfig: the official ``kubernetes`` client, which
 does, costs a process more memory than the whole device plugin holds at rest, and the plugin runs
@@ -12,7 +12,8 @@ user and the form, rather than turning into a 401 at the first label patch: exec
 plugins (they run an arbitrary command and cache what it prints), auth providers (removed from
 kubectl in 1.26) and basic auth (removed from the apiserver in 1.19). So is
 ``insecure-skip-tls-verify``: a node agent that patches Nodes should not talk to an unverified
-server. The webhook uses the official client and takes every form.
+server. In a cluster they all run with their service account's token; a developer who runs the
+webhook against an exec-plugin kubeconfig gets the refusal naming the form.
 
 Relative file names are resolved against the kubeconfig's directory, as kubectl does. The file is
 read by the strict YAML loader, so a duplicated ``current-context`` is an error, not a guess.

@@ -2,7 +2,7 @@
 Secret and webhook configuration endpoints (resourceVersion conflicts, create-if-absent, JSON patch
 with test ops).
 
-The adapter over the real kubernetes client is exercised by the install test on the real
+The adapter over the API server is exercised by the install test on the real
 apiserver (tests/chart/test_chart_install.py)."""
 
 from __future__ import annotations

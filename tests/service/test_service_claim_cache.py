@@ -2,8 +2,8 @@
 deletion, a cluster without resource.k8s.io/v1), and the webhook over HTTPS injecting a DRA pod
 whose template it learned from the watch, with ``policy.claimLookupFailure`` for one it did not.
 
-The caches are built as the service builds them (``kubernetes_claim_cache(api_client(...))``), so
-the kubernetes client's resource.k8s.io/v1 URLs and watch streams are exercised. The real-cluster
+The caches are built as the service builds them (``claim_cache(api_server(...))``), so
+their resource.k8s.io/v1 URLs and watch streams are exercised. The real-cluster
 tier points the same code at a real kube-apiserver.
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from ix_gpu.webhook.core.claims import RESOURCE_CLAIM, RESOURCE_CLAIM_TEMPLATE
-from ix_gpu.webhook.service.claim_cache import ARRIVAL_WAIT, ClaimCache, kubernetes_claim_cache
-from ix_gpu.webhook.service.namespace_cache import api_client
+from ix_gpu.webhook.service.claim_cache import ARRIVAL_WAIT, ClaimCache, claim_cache
+from ix_gpu.webhook.service.namespace_cache import api_server
 from tests.service.conftest import FAST
 from tests.service.fake_apiserver import CLAIM_PATHS, FakeApiServer
 from tests.support.objects import (
@@ -53,7 +53,7 @@ def api() -> Iterator[FakeApiServer]:
 
 def _cache(api: FakeApiServer, tmp_path: Path) -> ClaimCache:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    return kubernetes_claim_cache(api_client(str(kubeconfig)), watch_timeout=2, backoff=(0.05, 0.2))
+    return claim_cache(api_server(str(kubeconfig)), watch_timeout=2, backoff=(0.05, 0.2))
 
 
 @pytest.fixture

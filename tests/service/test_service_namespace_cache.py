@@ -1,7 +1,7 @@
 """The namespace cache against a local stand-in for the kube-apiserver (unit level).
 
-The cache is built exactly as the service builds it — ``kubernetes_api(kubeconfig)`` — so these
-tests exercise the kubernetes client's URL layout, query parameters and chunked watch streams.
+The cache is built exactly as the service builds it, ``NamespaceListWatch(api_server(kubeconfig))``,
+so these tests exercise the list and watch's URL layout, query parameters and chunked watch streams.
 The real-Kubernetes tier (tests/k8s) points the same code at a real kube-apiserver.
 """
 
@@ -17,7 +17,12 @@ import pytest
 
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.service.metrics import ServiceMetrics
-from ix_gpu.webhook.service.namespace_cache import NamespaceCache, NamespaceLookupFailed, kubernetes_api
+from ix_gpu.webhook.service.namespace_cache import (
+    NamespaceCache,
+    NamespaceListWatch,
+    NamespaceLookupFailed,
+    api_server,
+)
 from tests.service.conftest import FAST
 from tests.service.fake_apiserver import FakeApiServer
 from tests.support.objects import container, pod, review
@@ -47,7 +52,7 @@ def metrics() -> ServiceMetrics:
 def cache(api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics) -> Iterator[NamespaceCache]:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     cache = NamespaceCache(
-        kubernetes_api(str(kubeconfig)),
+        NamespaceListWatch(api_server(str(kubeconfig))),
         metrics=metrics,
         lookup_timeout=1.0,
         watch_timeout=2,

@@ -373,6 +373,7 @@ def test_windows_pod_with_privileged_required_is_denied() -> None:
 
 # -- promises that had no test -----------------------------------------------------------------
 
+
 def _profile(**fields: Any) -> dict[str, Any]:
     return {"name": "iluvatar", "resources": ["iluvatar.com/gpu"], **fields}
 

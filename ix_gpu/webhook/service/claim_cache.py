@@ -8,7 +8,8 @@ claim and its pods sends the pods within milliseconds of the claim, before the w
 handler gives a synced cache :data:`ARRIVAL_WAIT` seconds for the names a review missed
 (:meth:`ClaimCache.arrival`) and then answers again. A claim still missing (or a cache not synced)
 is unknown, and ``policy.claimLookupFailure`` decides in the core. Only each request's name and
-device class is kept: a claim's selectors and status can be kilobytes.
+device class is kept, cut from each list page as it is parsed (:func:`slim_claim`): a claim's
+selectors, status and managedFields can be kilobytes, and 20,000 of them must not be parsed whole.
 
 Neither cache gates readiness: on a cluster without resource.k8s.io/v1 (before 1.34, or DRA off)
 the lists fail, the caches keep retrying with backoff, and limits-based GPU pods are served as
@@ -18,10 +19,16 @@ before; ``/readyz`` details say so.
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
+import orjson
+
+from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.list_watch import ApiListWatch, ListWatchApi, WatchedCache
 from ix_gpu.webhook.core.claims import (
     RESOURCE_CLAIM,
     RESOURCE_CLAIM_TEMPLATE,
@@ -30,7 +37,6 @@ from ix_gpu.webhook.core.claims import (
     device_requests,
 )
 from ix_gpu.webhook.service.metrics import ServiceMetrics
-from ix_gpu.webhook.service.namespace_cache import KubernetesListWatch, ListWatchApi, WatchedCache
 
 ARRIVAL_WAIT = 1.5
 """Seconds a review waits for claims its pod names that a synced cache does not hold yet: a watch
@@ -59,8 +65,47 @@ class MissRecorder:
         return found
 
 
+class ClaimEntry(NamedTuple):
+    """What a claim cache keeps of one ResourceClaim or ResourceClaimTemplate."""
+
+    namespace: str
+    name: str
+    requests: DeviceRequests
+
+
+def _interned(requests: DeviceRequests) -> DeviceRequests:
+    # Thousands of claims name the same few requests and device classes: one string each.
+    return tuple((sys.intern(name), sys.intern(device_class)) for name, device_class in requests)
+
+
+def claim_entry(kind: str, obj: Any) -> ClaimEntry | None:
+    """``obj`` (a ResourceClaim or ResourceClaimTemplate of ``kind``, as listed or watched) as
+    what the cache keeps of it; None when it has no namespace or name."""
+    if isinstance(obj, ClaimEntry):
+        return obj
+    if isinstance(obj, dict) and "kind" not in obj:
+        obj = {**obj, "kind": kind}  # list items and watch events may omit it
+    key = claim_key(obj)
+    if key is None or key[1] is None:
+        return None
+    return ClaimEntry(sys.intern(key[1]), key[2], _interned(device_requests(obj)))
+
+
+def slim_claim(kind: str) -> Callable[[Any], Any]:
+    """A listed object of ``kind`` cut to its :class:`ClaimEntry` while its page is parsed, so a
+    claim's selectors, status and managedFields (kilobytes) never outlive the page."""
+
+    def slim(obj: Any) -> Any:
+        entry = claim_entry(kind, obj)
+        return obj if entry is None else entry
+
+    return slim
+
+
 class _ClaimKindCache(WatchedCache):
     """One kind's (namespace, name) → device requests."""
+
+    log = logging.getLogger("ix_gpu.claims")
 
     def __init__(self, kind: str, api: ListWatchApi, **options: Any) -> None:
         super().__init__(api, **options)
@@ -68,12 +113,8 @@ class _ClaimKindCache(WatchedCache):
         self.what = kind
 
     def _entry(self, obj: Any) -> tuple[tuple[str, str], DeviceRequests] | None:
-        if isinstance(obj, dict) and "kind" not in obj:
-            obj = {**obj, "kind": self.kind}  # watch events and list items may omit it
-        key = claim_key(obj)
-        if key is None or key[1] is None:
-            return None
-        return (key[1], key[2]), device_requests(obj)
+        entry = claim_entry(self.kind, obj)
+        return None if entry is None else ((entry.namespace, entry.name), entry.requests)
 
     def size(self) -> float:
         return float(len(self._items))
@@ -134,16 +175,20 @@ class ClaimCache:
         return {kind: cache.status() for kind, cache in self._kinds.items()}
 
 
-def kubernetes_claim_cache(client: Any, **options: Any) -> ClaimCache:
-    """Both caches through the kubernetes client's resource.k8s.io/v1 API (``client``: an ApiClient)."""
-    from kubernetes import client as k8s
+CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
+TEMPLATES_PATH = "/apis/resource.k8s.io/v1/resourceclaimtemplates"
 
-    # Typed as Any: with _preload_content=False the client returns raw responses (see namespace_cache).
-    resource: Any = k8s.ResourceV1Api(client)
+
+def claim_cache(api: ApiServer, **options: Any) -> ClaimCache:
+    """Both caches, cluster-wide, through resource.k8s.io/v1."""
     return ClaimCache(
-        KubernetesListWatch(resource.list_resource_claim_for_all_namespaces, "resourceclaim"),
-        KubernetesListWatch(
-            resource.list_resource_claim_template_for_all_namespaces, "resourceclaimtemplate"
+        ApiListWatch(api, CLAIMS_PATH, "resourceclaim", slim=slim_claim(RESOURCE_CLAIM), parse=orjson.loads),
+        ApiListWatch(
+            api,
+            TEMPLATES_PATH,
+            "resourceclaimtemplate",
+            slim=slim_claim(RESOURCE_CLAIM_TEMPLATE),
+            parse=orjson.loads,
         ),
         **options,
     )

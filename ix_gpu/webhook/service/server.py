@@ -36,7 +36,7 @@ from ix_gpu.webhook.service.admission_handler import AdmissionHandler
 from ix_gpu.webhook.service.admission_review import MAX_BODY_BYTES
 from ix_gpu.webhook.service.app import HEALTHZ_BODY, JSON, Readiness, readyz_answer
 from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
-from ix_gpu.webhook.service.claim_cache import ClaimCache, kubernetes_claim_cache
+from ix_gpu.webhook.service.claim_cache import ClaimCache, claim_cache
 from ix_gpu.webhook.service.draining import Drain, DrainingServer
 from ix_gpu.webhook.service.hot_reload import (
     CertReloader,
@@ -55,11 +55,11 @@ from ix_gpu.webhook.service.limits import (
 from ix_gpu.webhook.service.metrics import ServiceMetrics
 from ix_gpu.webhook.service.mutate_exchange import MutateLane
 from ix_gpu.webhook.service.namespace_cache import (
-    KubernetesNamespaceApi,
     NamespaceCache,
+    NamespaceListWatch,
     NamespaceSource,
     UnknownNamespaces,
-    api_client,
+    api_server,
 )
 from ix_gpu.webhook.service.tls_context import server_context
 
@@ -186,8 +186,8 @@ def _cluster_sources(
         )
         return UnknownNamespaces(), None
     try:
-        client = api_client(kubeconfig)
-    except Exception as exc:  # the client raises ConfigException, OSError, ValueError, yaml errors...
+        api = api_server(kubeconfig)
+    except (OSError, ValueError) as exc:  # unreadable, not a kubeconfig, a form it cannot use
         where = kubeconfig if kubeconfig is not None else "in-cluster service account"
         reason = one_line(exc)
         raise StartupError(f"cannot use {where} to reach the API server: {reason}") from None
@@ -196,9 +196,9 @@ def _cluster_sources(
         extra={"fields": {"kubeconfig": kubeconfig or "in-cluster"}},
     )
     namespaces = NamespaceCache(
-        KubernetesNamespaceApi(client), metrics=metrics, lookup_timeout=options.namespace_lookup_timeout
+        NamespaceListWatch(api), metrics=metrics, lookup_timeout=options.namespace_lookup_timeout
     )
-    claims = kubernetes_claim_cache(client)
+    claims = claim_cache(api)
     claims.export_sizes(metrics)
     return namespaces, claims
 

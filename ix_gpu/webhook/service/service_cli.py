@@ -77,7 +77,8 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
     webhook.add_argument(
         "--kubeconfig",
         metavar="FILE",
-        help="kubeconfig for namespace lookups (default: in a Pod its service account, else none)",
+        help="kubeconfig for the namespace and claim caches and self certificates: its user has a "
+        "token, tokenFile or client certificate (default: in a Pod its service account, else none)",
     )
     webhook.add_argument(
         "--reload-interval",
