@@ -43,7 +43,7 @@ from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
-from ix_gpu.plugin.server.node_config import NodeLabelReader, choose, named_configs
+from ix_gpu.plugin.server.node_config import FIRST_ANSWER_WAIT, NodeLabelReader, choose, named_configs
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.supervision import Supervised, supervise
@@ -71,7 +71,6 @@ class DraSettings:
     driver_root: str | None = None
     unhealthy: UnhealthyMode = "taint"
     health_interval: float = 5.0
-    node_interval: float = 30.0
     """How often the node's allocation label and allocatable are re-read."""
     config_dir: Path | None = None
     """``--config DIR``: the directory of named configs one was picked from at start."""
@@ -109,7 +108,7 @@ class DraApp:
         self.devices: dict[str, DraDevice] = {}
         self._chips: list[Chip] = []
         self.publisher = SlicePublisher(api, driver=settings.driver, node=settings.node)
-        self.node_reader = node_reader or NodeLabelReader(api, settings.node, settings.node_interval)
+        self.node_reader = node_reader or NodeLabelReader(api, settings.node)
         self._config_label = settings.config_label
         self.allocation = Verdict(False, "this node's allocation label is not read yet")
         self.claims = ClaimReader(api)
@@ -137,7 +136,7 @@ class DraApp:
         self.api_errors: collections.Counter[str] = collections.Counter()
         """Requests to the API server that failed, by call: ``node_read``, ``slice_write`` (the
         GET or the PUT/POST of the slice)."""
-        self.node_reader.read.on_error = lambda _message: self.api_errors.update(("node_read",))
+        self.node_reader.on_error = lambda _message: self.api_errors.update(("node_read",))
 
     async def _serve(self, handler: DraServicer | RegistrationServicer, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +157,7 @@ class DraApp:
         self.devices = {d.name: d for d in dra_devices(self._chips, splitboard=self.settings.splitboard)}
 
     def check_allocation(self) -> Verdict:
-        """Read the node (at most every ``node_interval``) and decide; blocking. Logged on change."""
+        """Decide from the node as last heard (its watch). Logged on change."""
         domain = self.backend.vendor.resource_name.partition("/")[0]
         facts = self.node_reader.facts()
         self._follow_config_label(facts)
@@ -249,6 +248,8 @@ class DraApp:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         await asyncio.to_thread(self.refresh)  # devices known before the first Prepare can come
+        self.node_reader.start()
+        await asyncio.to_thread(self.node_reader.wait_synced, FIRST_ANSWER_WAIT)
         await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
         await self._serve(DraServicer(self.preparer), self.settings.dra_socket)
         await self._serve(self.registration, self.settings.registration_socket)
@@ -260,6 +261,7 @@ class DraApp:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await health
             await self.shutdown()
+            await asyncio.to_thread(self.node_reader.stop)
         return 0
 
     async def shutdown(self, grace: float = 1.0) -> None:

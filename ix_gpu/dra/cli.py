@@ -188,9 +188,9 @@ def run_dra(args: argparse.Namespace) -> int:
         starting = pool.submit(_start_backend, args)
         node_reader, label, config_path = None, None, Path(args.config) if args.config else None
         if config_dir is not None:
-            from ix_gpu.plugin.server.node_config import NodeLabelReader
+            from ix_gpu.plugin.server.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
 
-            node_reader = NodeLabelReader(api, args.node_name, NODE_INTERVAL)
+            node_reader = NodeLabelReader(api, args.node_name).start_and_wait(FIRST_ANSWER_WAIT)
             label = node_reader.value()  # None when unlabelled, or unreadable for now: the default
             config_path = _chosen_config(config_dir, label, args.default_config)
         loading = pool.submit(_load_config, config_path, args.config is None)
@@ -220,7 +220,6 @@ def run_dra(args: argparse.Namespace) -> int:
         driver_root=args.driver_root or config.cdi_driver_root,
         unhealthy=args.unhealthy,
         health_interval=args.health_interval,
-        node_interval=NODE_INTERVAL,
         config_dir=config_dir,
         default_config=args.default_config,
         config_label=label,
@@ -233,9 +232,6 @@ def run_dra(args: argparse.Namespace) -> int:
         return await DraApp(settings, backend, api, node_reader=node_reader).run(handle_signals=True)
 
     return asyncio.run(main())
-
-
-NODE_INTERVAL = 30.0  # = DraSettings.node_interval's default
 
 
 def _start_backend(args: argparse.Namespace) -> Backend:

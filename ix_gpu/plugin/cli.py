@@ -83,13 +83,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="for node labels and per-node configs outside a Pod: a user with a token, a tokenFile or a "
         "client certificate (default: in-cluster)",
     )
-    plugin.add_argument(
-        "--node-config-interval",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="with a config directory or --dra-driver: how often the node's labels are re-read (default 60)",
-    )
     dra_driver = plugin.add_argument(
         "--dra-driver",
         metavar="NAME",

@@ -167,9 +167,9 @@ def node_config_reader(
             config_dir,
         )
         return None
-    from ix_gpu.plugin.server.node_config import NodeLabelReader
+    from ix_gpu.plugin.server.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
 
-    return NodeLabelReader(api_server, node_name, args.node_config_interval)
+    return NodeLabelReader(api_server, node_name).start_and_wait(FIRST_ANSWER_WAIT)
 
 
 def allocation_gate(
@@ -194,7 +194,7 @@ def allocation_gate(
         if reader is None:
             from ix_gpu.plugin.server.node_config import NodeLabelReader
 
-            reader = NodeLabelReader(api_server, node_name, args.node_config_interval)
+            reader = NodeLabelReader(api_server, node_name)
     if reader is None:
         return None
     from ix_gpu.plugin.server.allocation_gate import DevicePluginGate

@@ -68,6 +68,10 @@ def resource_version(obj: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+OPENED: dict[str, Any] = {"type": "OPENED"}
+"""The first event of every watch (:meth:`ApiListWatch.watch`)."""
+
+
 def _gone(exc: urllib.error.HTTPError) -> Exception:
     return ApiGone(str(exc.reason)) if exc.code == 410 else exc
 
@@ -152,7 +156,9 @@ class ApiListWatch:
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         """The events after ``resource_version`` until the server ends the watch after
-        ``timeout_seconds`` (bookmarks included: they move the version on in a quiet cluster)."""
+        ``timeout_seconds`` (bookmarks included: they move the version on in a quiet cluster),
+        after one ``{"type": "OPENED"}`` of our own once the server accepted the watch: the
+        apiserver answers again, even where nothing changes for minutes."""
         query = (
             f"?watch=1&allowWatchBookmarks=true&timeoutSeconds={timeout_seconds}"
             f"&resourceVersion={quote(resource_version, safe='')}{self._selector}"
@@ -174,6 +180,7 @@ class ApiListWatch:
         try:
             if closed:
                 return
+            yield OPENED
             for line in stream.lines():
                 event = self._parse(line)
                 if isinstance(event, dict):
@@ -206,8 +213,12 @@ class WatchStream:
             if url.scheme == "https"
             else http.client.HTTPConnection(host, port, timeout=connect_timeout)
         )
+        self._sock: socket.socket | None = None
         try:
             self._connection.request("GET", url.path.rstrip("/") + path, headers=api.headers(accept))
+            # Kept here: for an answer that ends with the connection, http.client hands the socket
+            # to the response and forgets it, and close() must still be able to shut it.
+            self._sock = self._connection.sock
             self._response = self._connection.getresponse()
             if self._response.status != 200:
                 body = self._response.read(64 << 10)
@@ -215,8 +226,8 @@ class WatchStream:
                 raise urllib.error.HTTPError(
                     api.base_url + path, self._response.status, message, self._response.headers, None
                 )
-            if self._connection.sock is not None:
-                self._connection.sock.settimeout(read_timeout)
+            if self._sock is not None:
+                self._sock.settimeout(read_timeout)
         except http.client.HTTPException as exc:
             self._connection.close()
             raise ApiError(f"watch {path}: {type(exc).__name__}: {exc!r}"[:500]) from exc
@@ -242,7 +253,7 @@ class WatchStream:
     def close(self) -> None:
         """Safe from any thread, also while :meth:`lines` is blocked reading: the socket is shut
         first, which wakes the reader."""
-        sock = self._connection.sock
+        sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -282,6 +293,10 @@ class WatchedCache:
         self._stopping = threading.Event()
         self._last_heard: float | None = None
         self._last_error: str | None = None
+        self._failing_since: float | None = None
+        self._logged_error: str | None = None
+        """The failure last logged; forgotten once a list or an event arrives (a watch that opens
+        and then breaks, again and again, is one failure)."""
         self._thread: threading.Thread | None = None
 
     def _entry(self, obj: Any) -> tuple[Any, Any] | None:
@@ -300,6 +315,9 @@ class WatchedCache:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        """Start the list + watch thread (once: later calls do nothing)."""
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(target=self._run, name=f"{self.what}-watch", daemon=True)
         self._thread.start()
 
@@ -323,6 +341,14 @@ class WatchedCache:
 
     def last_error(self) -> str | None:
         return self._last_error
+
+    def problem(self) -> str | None:
+        """``cannot watch <what> for Ns: <error>`` while the list or watch fails (the items are
+        then the last ones heard)."""
+        error, since = self._last_error, self._failing_since
+        if error is None:
+            return None
+        return f"cannot watch {self.what} for {self._clock() - (since or self._clock()):.0f}s: {error}"
 
     def status(self) -> dict[str, Any]:
         return {
@@ -356,13 +382,18 @@ class WatchedCache:
             except Exception as exc:
                 if self._stopping.is_set():
                     break
-                self._last_error = one_line(exc)
+                error = one_line(exc)
+                self._last_error = error
+                if self._failing_since is None:
+                    self._failing_since = self._clock()
                 self._watch_failed()
                 wait = delay * random.uniform(0.8, 1.2)
-                self.log.warning(
-                    f"{self.what} list/watch failed; retrying",
-                    extra={"fields": {"error": self._last_error, "retryInSeconds": round(wait, 2)}},
-                )
+                if error != self._logged_error:  # once per distinct error, not once per retry
+                    self._logged_error = error
+                    self.log.warning(
+                        f"{self.what} list/watch failed; retrying (keeping what it last heard): {error}",
+                        extra={"fields": {"error": error, "retryInSeconds": round(wait, 2)}},
+                    )
                 self._stopping.wait(wait)
                 delay = min(delay * 2, self._backoff[1])
                 need_list = need_list or not self._resource_version
@@ -394,6 +425,9 @@ class WatchedCache:
                     raise ApiGone("watch event: 410 Gone")
                 message = obj.get("message") if isinstance(obj, dict) else None
                 raise RuntimeError(f"watch error event: {code} {message}")
+            if kind == "OPENED":
+                self._heard(opened=True)
+                continue
             version = resource_version(obj)
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 entry = self._entry(obj)
@@ -409,6 +443,11 @@ class WatchedCache:
         # The server ended the watch (timeoutSeconds): a healthy, quiet cluster.
         self._heard()
 
-    def _heard(self) -> None:
+    def _heard(self, *, opened: bool = False) -> None:
         self._last_heard = self._clock()
-        self._last_error = None
+        if not opened:
+            self._logged_error = None
+        if self._last_error is not None:
+            failed_for = self._clock() - (self._failing_since or self._clock())
+            self.log.info(f"{self.what} list/watch works again (it failed for {failed_for:.0f}s)")
+        self._last_error = self._failing_since = None

@@ -33,7 +33,6 @@ def settings(root: Path, *, splitboard: bool = True, unhealthy: UnhealthyMode = 
         splitboard=splitboard,
         unhealthy=unhealthy,
         health_interval=0.2,
-        node_interval=0.1,
     )
 
 

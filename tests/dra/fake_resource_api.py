@@ -4,16 +4,23 @@ GET of a Node and of ResourceClaims; GET, POST and PUT of ResourceSlices with re
 checks (a stale PUT is a 409, as on the real server), and the server-side ``timeAdded`` the
 apiserver fills into device taints; the list of ResourceSlices by ``spec.nodeName`` and
 ``spec.driver`` field selectors, which the device plugin's allocation check asks for; a merge-patch
-of a Node's labels. A path in ``denied`` answers 403. ``faults`` maps a path to a transport fault
-its answers have: ``cut`` (the connection closes in the middle of the body), ``junk`` (200 with a
-body that is not JSON) or ``500``. The real-cluster tier replaces it with a kube-apiserver.
+of a Node's labels. Nodes are listed by ``metadata.name``; both lists can be watched
+(``?watch=1``): the stand-in compares what matches every 20 ms and sends what changed since the
+list the watch continues, so tests may change ``nodes`` and ``slices`` directly. A path in
+``denied`` answers 403, and ends the watches of that path (so does a fault); one in ``absent``
+answers 404.
+``faults`` maps a path to a transport fault its answers have: ``cut`` (the connection closes in
+the middle of the body), ``junk`` (200 with a body that is not JSON) or ``500``. The real-cluster
+tier replaces it with a kube-apiserver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +41,11 @@ class FakeResourceApi:
     calls: list[tuple[str, str]] = field(default_factory=list)
     version: int = 1
     denied: set[str] = field(default_factory=set)
+    absent: set[str] = field(default_factory=set)
+    """Paths that answer 404, as a collection whose API the cluster does not serve."""
     faults: dict[str, str] = field(default_factory=dict)
+    listed: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """What each list answered, by its resourceVersion: the state a watch from it starts at."""
     drop_taints: bool = False
     """Store slices without their device taints, as an apiserver without DRADeviceTaints does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -74,9 +85,11 @@ class FakeResourceApi:
             self.calls.append((method, path))
             if path in self.denied:
                 return 403, _status(403, "Forbidden")
+            if path in self.absent:
+                return 404, _status(404, "NotFound")
             parts = path.strip("/").split("/")
-            if path == f"{RESOURCE}/resourceslices" and method == "GET":
-                return 200, self._list_slices(query)
+            if path in (f"{RESOURCE}/resourceslices", "/api/v1/nodes") and method == "GET":
+                return 200, self._list(path, query)
             if path.startswith("/api/v1/nodes/") and method == "GET":
                 node = self.nodes.get(parts[-1])
                 return (200, node) if node else (404, _status(404, "NotFound"))
@@ -116,22 +129,51 @@ class FakeResourceApi:
                     return 200, self._store(body)
             return 404, _status(404, "NotFound")
 
-    def _list_slices(self, query: str) -> dict[str, Any]:
+    def matching(self, path: str, query: str) -> dict[str, dict[str, Any]]:
+        """Copies of the nodes or slices ``query``'s field selector matches, by name (lock held)."""
         wanted: dict[str, str] = {}
         for selector in urllib.parse.parse_qs(query).get("fieldSelector", []):
             for term in selector.split(","):
                 key, _, value = term.partition("=")
                 wanted[key] = value
-        items = [
-            s
-            for s in self.slices.values()
-            if all(s["spec"].get(k.removeprefix("spec.")) == v for k, v in wanted.items())
-        ]
+        found = self.nodes if path == "/api/v1/nodes" else self.slices
         return {
-            "kind": "ResourceSliceList",
-            "apiVersion": "resource.k8s.io/v1",
-            "items": copy.deepcopy(items),
+            name: copy.deepcopy(obj)
+            for name, obj in found.items()
+            if all(_field(obj, key) == value for key, value in wanted.items())
         }
+
+    def _list(self, path: str, query: str) -> dict[str, Any]:
+        items = self.matching(path, query)
+        self.version += 1
+        self.listed[str(self.version)] = items
+        kind = "NodeList" if path == "/api/v1/nodes" else "ResourceSliceList"
+        return {
+            "kind": kind,
+            "apiVersion": "v1" if path == "/api/v1/nodes" else "resource.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self.version)},
+            "items": list(copy.deepcopy(items).values()),
+        }
+
+    def changes(self, path: str, query: str, seen: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """Watch events for what changed since ``seen`` (updated in place)."""
+        with self.lock:
+            now = self.matching(path, query)
+            events = []
+            for name, obj in now.items():
+                if seen.get(name) != obj:
+                    self.version += 1
+                    sent = copy.deepcopy(obj)
+                    sent["metadata"]["resourceVersion"] = str(self.version)
+                    events.append({"type": "MODIFIED" if name in seen else "ADDED", "object": sent})
+            for name in set(seen) - set(now):
+                self.version += 1
+                gone = copy.deepcopy(seen[name])
+                gone["metadata"]["resourceVersion"] = str(self.version)
+                events.append({"type": "DELETED", "object": gone})
+            seen.clear()
+            seen.update(now)
+            return events
 
     def _store(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -144,6 +186,12 @@ class FakeResourceApi:
                 taint.setdefault("timeAdded", "2026-01-01T00:00:00Z")
         self.slices[stored["metadata"]["name"]] = stored
         return stored
+
+
+def _field(obj: dict[str, Any], key: str) -> Any:
+    """``metadata.name`` or ``spec.nodeName`` of ``obj``."""
+    section, _, name = key.partition(".")
+    return (obj.get(section) or {}).get(name)
 
 
 def _status(code: int, reason: str) -> dict[str, Any]:
@@ -162,7 +210,51 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
         def log_message(self, *args: Any) -> None:
             pass
 
+        def _watch(self, path: str, query: str) -> None:
+            params = urllib.parse.parse_qs(query)
+            with api.lock:
+                api.calls.append(("WATCH", path))
+                fault = api.faults.get(path)
+                if path in api.denied:
+                    code, raw = 403, json.dumps(_status(403, "Forbidden")).encode()
+                elif fault == "500":
+                    code, raw = 500, json.dumps(_status(500, "InternalError")).encode()
+                else:
+                    code, raw = 200, b""
+                listed = api.listed.get(params.get("resourceVersion", [""])[0])
+                seen = copy.deepcopy(listed) if listed is not None else api.matching(path, query)
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            if code != 200:
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+                return
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            if fault in ("junk", "cut"):  # a proxy's error page, or an event cut off mid-line
+                self.wfile.write(b"<html>502 Bad Gateway</html>\n" if fault == "junk" else b'{"type": "MOD')
+                return
+            self.wfile.flush()
+            deadline = time.monotonic() + float(params.get("timeoutSeconds", ["300"])[0])
+            while (
+                time.monotonic() < deadline
+                and path not in api.denied
+                and path not in api.faults
+                and not stopping.is_set()
+            ):
+                for event in api.changes(path, query, seen):
+                    self.wfile.write(json.dumps(event).encode() + b"\n")
+                self.wfile.flush()
+                time.sleep(0.02)
+
         def _answer(self, method: str) -> None:
+            path, _, query = self.path.partition("?")
+            if method == "GET" and "watch=1" in query.split("&"):
+                with contextlib.suppress(OSError):  # the client went away
+                    self._watch(path, query)
+                return
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length)) if length else None
             code, answer = api.handle(method, self.path, body)
@@ -199,6 +291,7 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
         def do_PATCH(self) -> None:
             self._answer("PATCH")
 
+    stopping = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -206,5 +299,6 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
     try:
         yield ApiServer(f"http://127.0.0.1:{server.server_port}", "t0ken", None)
     finally:
+        stopping.set()
         server.shutdown()
         server.server_close()

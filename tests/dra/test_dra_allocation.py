@@ -41,6 +41,11 @@ def generation(fake: FakeResourceApi) -> int:
         return int(fake.slices[SLICE]["spec"]["pool"]["generation"])
 
 
+def decided(app: Any) -> bool:
+    """The app heard its node (a watch) and decided from it."""
+    return app.node_reader.facts() is not None and "not read yet" not in app.allocation.reason
+
+
 async def prepare(client: Any, uid: str, name: str = "claim") -> dra.NodePrepareResourceResponse:
     answer = await client.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=[claim(uid, name)]))
     return answer.claims[uid]
@@ -56,7 +61,7 @@ def test_a_device_plugin_node_gets_no_slice_and_no_prepared_claim(
 
     async def scenario() -> dra.NodePrepareResourceResponse:
         async with running(config, fake_devices, api) as app, dra_client(config) as client:
-            await wait_until_async(lambda: fake.count("GET", "/api/v1/nodes/") >= 3, "node re-read")
+            await wait_until_async(lambda: decided(app), "the node's watch answered")
             assert not app.allocation.allowed
             return await prepare(client, EARLY)
 
@@ -78,7 +83,7 @@ def test_handover_waits_for_the_device_plugin_and_withdraws_on_relabel(
 
     async def scenario() -> None:
         async with running(config, fake_devices, api) as app, dra_client(config) as client:
-            await wait_until_async(lambda: fake.count("GET", "/api/v1/nodes/") >= 3, "node re-read")
+            await wait_until_async(lambda: decided(app), "the node's watch answered")
             assert slice_devices(fake) is None
             assert "still offers iluvatar.com/gpu=4" in (await prepare(client, EARLY)).error
 

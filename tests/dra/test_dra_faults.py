@@ -25,7 +25,7 @@ from tests.support.waiting import wait_until_async
 pytestmark = pytest.mark.timeout(60)
 
 SLICE_PATH = f"{RESOURCE_SLICES}/{NODE}-{DRIVER}"
-NODE_PATH = f"/api/v1/nodes/{NODE}"
+NODES = "/api/v1/nodes"  # the node is watched there
 
 
 def label_dra(fake: FakeResourceApi) -> None:
@@ -62,7 +62,7 @@ def test_a_misbehaving_apiserver_is_counted_and_survived_and_shutdown_removes_th
     async def scenario() -> DraApp:
         async with running(config, fake_devices, api) as app:
             await wait_until_async(lambda: fake.slices, "slice published")
-            fake.faults.update({SLICE_PATH: fault, NODE_PATH: fault})
+            fake.faults.update({SLICE_PATH: fault, NODES: fault})
             set_health(fake_devices, 1, 4)  # chip 1 over temperature, while the apiserver is broken
             await wait_until_async(
                 lambda: app.api_errors["slice_write"] >= 2 and app.api_errors["node_read"] >= 2,
@@ -71,8 +71,8 @@ def test_a_misbehaving_apiserver_is_counted_and_survived_and_shutdown_removes_th
             await wait_until_async(
                 lambda: any(not d.healthy for d in app.devices.values()), "health refreshed"
             )
-            assert app.allocation.allowed, "a node read that fails keeps the last answer"
-            assert app.node_reader.read.error is not None
+            assert app.allocation.allowed, "a node watch that fails keeps the last answer"
+            assert app.node_reader.last_error() is not None
             assert tainted(fake) == set()
             fake.faults.clear()
             await wait_until_async(
@@ -135,20 +135,24 @@ def test_refused_writes_back_off_to_one_a_minute(
     now = [0.0]
     app.publish_retry = Backoff(first=1.0, cap=60.0, clock=lambda: now[0])
     app.refresh()
-    assert app.check_allocation().allowed
-    per_minute = []
-    for _minute in range(5):
-        before = fake.count("GET", SLICE_PATH)
-        for _tick in range(12):
-            assert app.publish() is False
-            now[0] += 5
-        per_minute.append(fake.count("GET", SLICE_PATH) - before)
-    assert per_minute[0] >= 4, f"the first retries come within seconds: {per_minute}"
-    assert all(n <= 2 for n in per_minute[1:]), per_minute
-    assert app.api_errors["slice_write"] == sum(per_minute)
-    fake.denied.clear()
-    now[0] += app.publish_retry.remaining()
-    assert app.publish() is True
+    app.node_reader.start()
+    try:
+        assert app.node_reader.wait_synced(5) and app.check_allocation().allowed
+        per_minute = []
+        for _minute in range(5):
+            before = fake.count("GET", SLICE_PATH)
+            for _tick in range(12):
+                assert app.publish() is False
+                now[0] += 5
+            per_minute.append(fake.count("GET", SLICE_PATH) - before)
+        assert per_minute[0] >= 4, f"the first retries come within seconds: {per_minute}"
+        assert all(n <= 2 for n in per_minute[1:]), per_minute
+        assert app.api_errors["slice_write"] == sum(per_minute)
+        fake.denied.clear()
+        now[0] += app.publish_retry.remaining()
+        assert app.publish() is True
+    finally:
+        app.node_reader.stop()
 
 
 def test_taints_the_apiserver_drops_make_unhealthy_devices_leave_the_slice_said_once(

@@ -88,7 +88,6 @@ def test_the_node_label_picks_the_config_and_a_change_is_followed_without_restar
         "--device-plugin-dir", str(node.plugin_dir),
         "--config", str(configs), "--default-config", "ix-config",
         "--kubeconfig", str(kube_api.kubeconfig),
-        "--node-config-interval", "0.5",
         "--metrics-port", "0",
         log_dir=k8s_log_dir,
         env={"NODE_NAME": node.name},

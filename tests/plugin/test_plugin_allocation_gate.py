@@ -1,21 +1,21 @@
 """The device plugin advertises no devices on a node whose GPUs are DRA's (ix-gpu.io/gpu.allocation=dra),
 and with --dra-driver none while that driver's ResourceSlices list devices on its node: the kubelet,
-seeing an empty list, offers 0. Only an answer changes what a node offers: a list or a node read
-that fails keeps the last answer (before the first one, nothing is offered). The API server is the
-DRA tests' fake."""
+seeing an empty list, offers 0. Both are watched. Only an answer changes what a node offers: a list
+or watch that fails keeps the last answer (before the first one, nothing is offered). The API
+server is the DRA tests' fake."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
-from ix_gpu.plugin.server.allocation_gate import DevicePluginGate, count_slice_devices
+from ix_gpu.plugin.server.allocation_gate import DevicePluginGate, SliceDevices
 from ix_gpu.plugin.server.app import PluginApp
 from ix_gpu.plugin.server.node_config import NodeLabelReader
 from ix_gpu.runtime.kube import ApiServer
@@ -23,6 +23,7 @@ from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.test_plugin_kubelet import plugin_and_kubelet
 from tests.support.cli import ix_gpu
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,7 +61,8 @@ def dra_slice(fake: FakeResourceApi, node: str, devices: int, driver: str = DRIV
 async def plugin(
     base: Path, devices_file: Path, api: ApiServer, dra_driver: str | None
 ) -> AsyncIterator[tuple[PluginApp, FakeKubelet]]:
-    gate = DevicePluginGate(NodeLabelReader(api, NODE, interval=0.05), dra_driver)
+    reader = NodeLabelReader(api, NODE, backoff=(0.05, 0.2))
+    gate = DevicePluginGate(reader, dra_driver, backoff=(0.05, 0.2))
     async with plugin_and_kubelet(base, devices_file, allocation=gate) as running:
         yield running
 
@@ -122,15 +124,16 @@ def test_an_apiserver_that_cannot_answer_changes_nothing_a_node_offers(
         async with plugin(short_tmp, fake_devices, api, DRIVER) as (app, kubelet):
             await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
             seen = len(kubelet.updates)
-            lists = fake.count("GET", slices)
-            fake.denied.update({slices, f"/api/v1/nodes/{NODE}"})
-            await kubelet.wait_for(lambda: fake.count("GET", slices) >= lists + 5, what="5 failed lists")
+            watches = fake.count("WATCH", slices)
+            fake.denied.update({slices, "/api/v1/nodes"})
+            failed = lambda: fake.count("WATCH", slices) >= watches + 5  # noqa: E731
+            await kubelet.wait_for(failed, what="5 failed watches")
             assert [len(u.devices) for u in kubelet.updates[seen:]] in ([], [2] * len(kubelet.updates[seen:]))
             assert advertised(kubelet) == 2
             assert api_errors(app, "slice_list") >= 5 and api_errors(app, "node_read") >= 1
             notes = "\n".join(app.notes())
-            assert f"cannot read the ResourceSlices of {DRIVER}" in notes and "403" in notes, notes
-            assert f"cannot read node {NODE}" in notes, notes
+            assert f"cannot watch the ResourceSlices of {DRIVER}" in notes and "403" in notes, notes
+            assert f"cannot watch node {NODE}" in notes, notes
             assert app.problems() == [], "an apiserver outage is no reason for the liveness probe to fail"
             fake.denied.clear()
             dra_slice(fake, NODE, 4)  # the answer: the DRA plugin publishes this node's chips now
@@ -158,22 +161,26 @@ def test_before_the_first_answer_nothing_is_offered(
     asyncio.run(scenario())
 
 
-def test_slices_are_listed_by_node_and_driver_and_a_cluster_without_dra_has_none(
+def test_slices_are_watched_by_node_and_driver_and_a_cluster_without_dra_has_none(
     cluster: tuple[FakeResourceApi, ApiServer],
 ) -> None:
     fake, api = cluster
     dra_slice(fake, NODE, 3)
     dra_slice(fake, "node2", 4)
-    assert count_slice_devices(api, NODE, DRIVER) == 3
-    assert count_slice_devices(api, "node3", DRIVER) == 0
-
-    class NoDra:  # an API server that does not serve resource.k8s.io/v1
-        def request(self, method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-            from urllib.error import HTTPError
-
-            raise HTTPError(path, 404, "Not Found", None, None)  # type: ignore[arg-type]
-
-    assert count_slice_devices(NoDra(), NODE, DRIVER) == 0  # type: ignore[arg-type]
+    fake.absent.add(f"{RESOURCE}/resourceslices")
+    mine = SliceDevices(api, NODE, DRIVER, backoff=(0.05, 0.2), recheck=0.1)
+    mine.start()
+    try:
+        assert mine.wait_synced(5) and mine.count() == 0, "resource.k8s.io/v1 not served: no slices"
+        fake.absent.clear()
+        wait_until(lambda: mine.count() == 3, "the slices, once the API is served")
+        dra_slice(fake, NODE, 1)
+        wait_until(lambda: mine.count() == 1, "a change, from the watch")
+        lists = fake.count("GET", f"{RESOURCE}/resourceslices")
+        time.sleep(1)
+        assert fake.count("GET", f"{RESOURCE}/resourceslices") == lists, "no list while the watch runs"
+    finally:
+        mine.stop()
 
 
 @pytest.mark.parametrize(

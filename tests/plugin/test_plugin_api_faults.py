@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 
 SLICES = f"{RESOURCE}/resourceslices"
 NODE_PATH = f"/api/v1/nodes/{NODE}"
+NODES = "/api/v1/nodes"  # where the node is watched
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def test_transport_faults_change_nothing_offered_and_are_counted(
     async def scenario() -> PluginApp:
         async with plugin(short_tmp, fake_devices, api, DRIVER) as (app, kubelet):
             await kubelet.wait_for(lambda: advertised(kubelet) == 2, what="2 boards advertised")
-            fake.faults.update({SLICES: fault, NODE_PATH: fault})
+            fake.faults.update({SLICES: fault, NODES: fault})
             await wait_until_async(
                 lambda: (
                     metric(app, "ix_gpu_plugin_api_errors_total", call="slice_list") >= 3

@@ -33,7 +33,13 @@ from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
 from ix_gpu.plugin.server.config_loader import load_runtime_config
 from ix_gpu.plugin.server.metrics import PluginMetrics
-from ix_gpu.plugin.server.node_config import Choice, NodeLabelReader, choose, named_configs
+from ix_gpu.plugin.server.node_config import (
+    FIRST_ANSWER_WAIT,
+    Choice,
+    NodeLabelReader,
+    choose,
+    named_configs,
+)
 from ix_gpu.plugin.server.node_labels import NodeLabeler, node_labels
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
@@ -47,6 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REGISTRATION_GRACE_SECONDS = 15.0
+
 """/healthz tolerates this long without registration: a kubelet restart takes a second or two."""
 
 
@@ -105,9 +112,9 @@ class PluginApp:
             settings.api_server, settings.node_name, on_error=self._api_error("label_write")
         )
         if settings.node_config is not None:
-            settings.node_config.read.on_error = self._api_error("node_read")
+            settings.node_config.on_error = self._api_error("node_read")
         if settings.allocation is not None:
-            settings.allocation.reader.read.on_error = self._api_error("node_read")
+            settings.allocation.reader.on_error = self._api_error("node_read")
             if settings.allocation.slices is not None:
                 settings.allocation.slices.on_error = self._api_error("slice_list")
         self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration")}
@@ -353,7 +360,7 @@ class PluginApp:
         out = gate.problems() if gate is not None else []
         reader = self.settings.node_config
         if reader is not None and (gate is None or reader is not gate.reader):
-            out += [problem] if (problem := reader.read.problem()) is not None else []
+            out += [problem] if (problem := reader.problem()) is not None else []
         if self.labeler.error is not None:
             out.append(f"cannot label node {self.labeler.node}: {self.labeler.error}")
         return out
@@ -370,6 +377,12 @@ class PluginApp:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        watches = [w for w in (self.settings.node_config, self.settings.allocation) if w is not None]
+        for watch in watches:
+            watch.start()
+        # The first decision waits a moment for the first answers (a pod starting as the node joins
+        # would otherwise see nothing offered for a health interval); without them, nothing is.
+        await asyncio.to_thread(lambda: all(w.wait_synced(FIRST_ANSWER_WAIT) for w in watches))
         await self.check_once()
         self.ready.set()
         http_server = None
@@ -429,5 +442,8 @@ class PluginApp:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.registrar.shutdown(grace=1.0)
+        for watch in (self.settings.node_config, self.settings.allocation):
+            if watch is not None:
+                await asyncio.to_thread(watch.stop)
         self.backend.close()
         log.info("stopped; socket removed")
