@@ -71,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    from ix_gpu.runtime.kube import identify
+
+    identify(args.command)
     try:
         code = handler(args)
         sys.stdout.flush()  # here, so that a closed pipe shows up below and not at interpreter exit

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from ix_gpu.runtime.kube import ApiServer, read_token
+from ix_gpu.runtime.kube import ApiServer
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 
@@ -116,10 +116,7 @@ class ClaimReader:
     def _get(
         self, connection: http.client.HTTPConnection, path: str
     ) -> tuple[int, str, http.client.HTTPMessage, bytes]:
-        headers = {"Accept": "application/json"}
-        if self.api.token is not None:
-            headers["Authorization"] = f"Bearer {read_token(self.api.token)}"
-        connection.request("GET", path, headers=headers)
+        connection.request("GET", path, headers=self.api.headers())
         response = connection.getresponse()
         raw = response.read(MAX_CLAIM_BYTES + 1)
         if len(raw) > MAX_CLAIM_BYTES:

@@ -35,6 +35,16 @@ TOKEN_FILE = SERVICE_ACCOUNT / "token"
 CA_FILE = SERVICE_ACCOUNT / "ca.crt"
 
 
+USER_AGENT = "ix-gpu"
+"""What every request says it comes from; :func:`identify` names the command (``ix-gpu-plugin``,
+``ix-gpu-dra``, ``ix-gpu-webhook``), so an apiserver's audit log tells the agents apart."""
+
+
+def identify(command: str) -> None:
+    global USER_AGENT
+    USER_AGENT = f"ix-gpu-{command}"
+
+
 class ApiError(OSError):
     """A request to the API server that got no usable answer although the server may be fine: the
     connection broke mid-answer (``http.client.IncompleteRead``, ``BadStatusLine``), the answer was
@@ -131,8 +141,8 @@ class ApiServer:
         return context
 
     def headers(self, accept: str = "application/json") -> dict[str, str]:
-        """What every request carries: ``Accept``, and the bearer token as it is now."""
-        headers = {"Accept": accept}
+        """What every request carries: ``Accept``, ``User-Agent`` and the bearer token as it is now."""
+        headers = {"Accept": accept, "User-Agent": USER_AGENT}
         if self.token is not None:
             headers["Authorization"] = f"Bearer {read_token(self.token)}"
         return headers

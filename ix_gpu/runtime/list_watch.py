@@ -415,7 +415,10 @@ class WatchedCache:
         self._changed()
 
     def _watch_once(self) -> None:
-        for event in self._api.watch(self._resource_version, self._watch_timeout):
+        # Between the timeout and twice it, as client-go's reflector: agents started (or reconnected
+        # after an apiserver restart) together must not renew their watches in step ever after.
+        timeout = int(self._watch_timeout * random.uniform(1.0, 2.0))
+        for event in self._api.watch(self._resource_version, timeout):
             if self._stopping.is_set():
                 return
             kind, obj = event.get("type"), event.get("object")
