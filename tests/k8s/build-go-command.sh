@@ -3,6 +3,7 @@
 #
 #   bash tests/k8s/build-go-command.sh helm                 # helm.sh/helm/v4/cmd/helm ($IX_HELM_VERSION, v4.3.1)
 #   bash tests/k8s/build-go-command.sh training-operator    # kubeflow training-operator v1.8.1 (TFJob controller)
+#   bash tests/k8s/build-go-command.sh kwok                 # sigs.k8s.io/kwok v0.8.0 (simulated nodes)
 #
 # Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/<name>-<version>-<scripthash>/bin/<name>; nothing is built
 # when it is there. Progress goes to stderr; the last stdout line is the bin directory. The two newest
@@ -32,8 +33,15 @@ training-operator)
     EXTRA_LDFLAGS=""
     SMOKE=(-h)
     ;;
+kwok)
+    VERSION="${IX_KWOK_VERSION:-v0.8.0}"
+    MODULE=sigs.k8s.io/kwok
+    PACKAGE=sigs.k8s.io/kwok/cmd/kwok
+    EXTRA_LDFLAGS="-X sigs.k8s.io/kwok/pkg/consts.Version=$VERSION"
+    SMOKE=(--help)
+    ;;
 *)
-    echo "usage: build-go-command.sh helm|training-operator" >&2
+    echo "usage: build-go-command.sh helm|training-operator|kwok" >&2
     exit 2
     ;;
 esac

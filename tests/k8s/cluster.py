@@ -194,6 +194,8 @@ class MiniCluster:
         node_ip: str = "127.0.0.1",
         kubelet_config: dict[str, Any] | None = None,
         runtime: str = "fake-cri",
+        kwok_nodes: int = 0,
+        kwok_dra_every: int = 4,
     ) -> None:
         """``plugin_config``: the plugins' ix-config (None: start no plugin). ``containers_path``: the
         containers' PATH (default: this interpreter's directory, then the system's). ``log_dir``:
@@ -206,7 +208,8 @@ class MiniCluster:
         reaches a pod's volume). ``runtime``: ``fake-cri`` (pods are host processes; the nodes of
         ``nodes``) or ``containerd`` (real containers on the real nodes of tests/k8s/real_nodes.py,
         kube-proxy included; no plugin is started there, the chart installs it: ``plugin_config``
-        must be None)."""
+        must be None). ``kwok_nodes``: that many simulated GPU nodes besides (tests/k8s/kwok.py),
+        every ``kwok_dra_every``-th a DRA node with its ResourceSlice."""
         if runtime not in ("fake-cri", "containerd"):
             raise ValueError(f"runtime: {runtime!r}")
         if runtime == "containerd" and plugin_config is not None:
@@ -234,6 +237,10 @@ class MiniCluster:
         self.plugins: dict[str, PluginProcess] = {}
         self.webhook: WebhookProcess | None = None
         self.timings: dict[str, float] = {}
+        self.kwok_nodes = kwok_nodes
+        self.kwok_dra_every = kwok_dra_every
+        self.kwok: Process | None = None
+        self.kwok_node_names: list[str] = []
 
     # ---------------------------------------------------------------- accessors
 
@@ -272,6 +279,8 @@ class MiniCluster:
                 out[f"ix-gpu-plugin-{name}"] = plugin.process
         if self.webhook is not None and self.webhook.process is not None:
             out["ix-gpu-webhook"] = self.webhook.process
+        if self.kwok is not None:
+            out["kwok"] = self.kwok
         return out
 
     def state(self) -> dict[str, Any]:
@@ -295,6 +304,7 @@ class MiniCluster:
             },
             "etcd_data": str(self.etcd.data_root) if self.etcd else None,
             "webhook": self.webhook.url if self.webhook else None,
+            "kwok_nodes": len(self.kwok_node_names),
             "timings_s": self.timings,
         }
 
@@ -393,6 +403,10 @@ class MiniCluster:
             for spec in self.node_specs:
                 self.wait_allocatable(spec.name, lambda n: n > 0)
         self._timed("plugins registered", t)
+        if self.kwok_nodes:
+            t = time.monotonic()
+            self._start_kwok()
+            self._timed(f"{self.kwok_nodes} kwok nodes Ready", t)
         # The namespace the pods go to needs its ServiceAccount (ServiceAccount admission).
         wait_until(
             lambda: self.api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
@@ -402,6 +416,23 @@ class MiniCluster:
             process=self.controller_manager,
         )
         self._timed("total", begin)
+
+    def _start_kwok(self) -> None:
+        """The simulated GPU nodes, and kwok making them Ready (tests/k8s/kwok.py)."""
+        from tests.k8s import kwok
+
+        binary = kwok.build_kwok()
+        self.kwok_node_names = kwok.create_nodes(self.api, self.kwok_nodes, dra_every=self.kwok_dra_every)
+        self.kwok = kwok.start_kwok(binary, self.api, self.work_dir / "kwok", self.log_dir)
+        names = self.kwok_node_names
+        wait_until(
+            lambda: kwok.ready_nodes(self.api, names) == len(names),
+            f"{len(names)} kwok nodes Ready",
+            120 + len(names) / 50,
+            interval=1,
+            process=self.kwok,
+            details=lambda: f"{kwok.ready_nodes(self.api, names)} Ready",
+        )
 
     def _start_plugin_daemonset(self, plugin_config: str) -> None:
         """The plugin as DaemonSet ``PLUGIN_DAEMONSET`` in kube-system: image ``ix-gpu`` (fake-cri runs
@@ -714,6 +745,9 @@ class MiniCluster:
         for plugin in self.plugins.values():
             with contextlib.suppress(Exception):
                 plugin.stop()
+        if self.kwok is not None:
+            with contextlib.suppress(Exception):
+                self.kwok.stop()
         for node in self.nodes.values():
             if isinstance(node, KubeletNode):
                 with contextlib.suppress(Exception):

@@ -71,6 +71,7 @@ def serve(
     plugin_mode: str = "process",
     node_ip: str = "127.0.0.1",
     runtime: str = "fake-cri",
+    kwok_nodes: int = 0,
 ) -> int:
     """The supervisor: start the cluster, record it, hold it until SIGTERM/SIGINT, then stop it."""
     stop = threading.Event()
@@ -83,6 +84,7 @@ def serve(
         plugin_mode=plugin_mode,
         node_ip=node_ip,
         runtime=runtime,
+        kwok_nodes=kwok_nodes,
     )
     state: dict[str, Any] = {"supervisor": os.getpid(), "status": "starting", "runtime": runtime}
     _write_state(work_dir, state)
@@ -114,6 +116,7 @@ def up(
     plugin_mode: str = "process",
     node_ip: str = "127.0.0.1",
     runtime: str = "fake-cri",
+    kwok_nodes: int = 0,
 ) -> int:
     state = _read_state(work_dir)
     if state and state.get("status") in ("starting", "running") and _alive(int(state["supervisor"])):
@@ -134,6 +137,7 @@ def up(
     if webhook:
         args.append("--webhook")
     args += ["--plugin-mode", plugin_mode, "--node-ip", node_ip, "--runtime", runtime]
+    args += ["--kwok-nodes", str(kwok_nodes)]
     (work_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(work_dir / "logs" / "supervisor.log", "ab") as log:
         supervisor = subprocess.Popen(
@@ -241,6 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                 "IPv4 address, so hostNetwork pods can be Service endpoints (the kubelets then allow "
                 "anonymous requests on it)",
             )
+            p.add_argument(
+                "--kwok-nodes",
+                type=int,
+                default=0,
+                metavar="N",
+                help="also N simulated GPU nodes (kwok, built from the module proxy): iluvatar.com/gpu "
+                "capacity and the plugin's node labels, products mixed; every 4th a DRA node with its "
+                "ResourceSlice. Pods bound there reach Running through kwok's stages",
+            )
         if name == "up":
             p.add_argument("--timeout", type=float, default=300, help="seconds to wait for the cluster")
     args = parser.parse_args(argv)
@@ -258,9 +271,20 @@ def main(argv: list[str] | None = None) -> int:
             node_ip = host_address()
             if node_ip is None:
                 parser.error("--node-ip host: this machine has no global IPv4 address")
+        if args.kwok_nodes < 0:
+            parser.error("--kwok-nodes must be 0 or more")
         if args.command == "up":
-            return up(work_dir, config, args.timeout, args.webhook, args.plugin_mode, node_ip, args.runtime)
-        return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip, args.runtime)
+            return up(
+                work_dir,
+                config,
+                args.timeout,
+                args.webhook,
+                args.plugin_mode,
+                node_ip,
+                args.runtime,
+                args.kwok_nodes,
+            )
+        return serve(work_dir, config, args.webhook, args.plugin_mode, node_ip, args.runtime, args.kwok_nodes)
     if args.command == "down":
         return down(work_dir)
     state = _read_state(work_dir)
