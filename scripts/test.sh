@@ -66,6 +66,8 @@ step "build the real-Kubernetes tier side by side (and, as root, the real-node t
 bg k8s-current bash tests/k8s/build.sh                                      # v1.37.2, every binary
 bg k8s-oldest env IX_K8S_VERSION=v1.35.4 bash tests/k8s/build.sh kube-apiserver
 bg helm bash tests/k8s/build-helm.sh                                          # helm v4.3.1
+bg kwok bash tests/k8s/build-go-command.sh kwok                               # kwok v0.8.0
+bg etcd bash tests/k8s/build-go-command.sh etcd                               # etcd v3.6.16
 if [[ $EUID -eq 0 ]]; then
     # The real-node tier: Debian packages first (the images need buildah), then its images (the
     # base image and pip mostly wait on downloads while Go compiles).
@@ -89,6 +91,8 @@ step "the builds finish"
 finish k8s-current
 finish k8s-oldest
 finish helm
+finish kwok
+finish etcd
 if [[ $EUID -eq 0 ]]; then finish images; fi
 
 step "pytest: the real-Kubernetes tier"

@@ -4,6 +4,7 @@
 #   bash tests/k8s/build-go-command.sh helm                 # helm.sh/helm/v4/cmd/helm ($IX_HELM_VERSION, v4.3.1)
 #   bash tests/k8s/build-go-command.sh training-operator    # kubeflow training-operator v1.8.1 (TFJob controller)
 #   bash tests/k8s/build-go-command.sh kwok                 # sigs.k8s.io/kwok v0.8.0 (simulated nodes)
+#   bash tests/k8s/build-go-command.sh etcd                 # etcd v3.6.16 (the tier's etcd)
 #
 # Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/<name>-<version>-<scripthash>/bin/<name>; nothing is built
 # when it is there. Progress goes to stderr; the last stdout line is the bin directory. The two newest
@@ -40,8 +41,18 @@ kwok)
     EXTRA_LDFLAGS="-X sigs.k8s.io/kwok/pkg/consts.Version=$VERSION"
     SMOKE=(--help)
     ;;
+etcd)
+    # The etcd of the Kubernetes versions the tier runs (1.35-1.37 are tested with 3.6). Its
+    # server module's replace directives name its sibling modules at the same version, which the
+    # proxy serves, so the warning below is expected for it.
+    VERSION="${IX_ETCD_VERSION:-v3.6.16}"
+    MODULE=go.etcd.io/etcd/server/v3
+    PACKAGE=go.etcd.io/etcd/server/v3
+    EXTRA_LDFLAGS=""
+    SMOKE=(--version)
+    ;;
 *)
-    echo "usage: build-go-command.sh helm|training-operator|kwok" >&2
+    echo "usage: build-go-command.sh helm|training-operator|kwok|etcd" >&2
     exit 2
     ;;
 esac

@@ -68,6 +68,10 @@ WEBHOOK_NAMESPACE = "ix-gpu-system"
 WEBHOOK_SERVICE = "ix-gpu-webhook"
 SEED_004_CONFIG = "flags:\n  splitboard: false\nsharing:\n  timeSlicing:\n      replicas: 4 \n"
 """The seed's ix-config (shared/seeds/004): one device per board, each shared by 4 (8 on gpu-a)."""
+CLIENT_LIMITS = ("--kube-api-qps=500", "--kube-api-burst=1000")
+"""The controllers' and the scheduler's client rate limits, as kwok's own clusters lift them: with the
+defaults (20 and 50 a second) the ServiceAccounts of 2,000 new namespaces took 100 s and the
+scheduler bound 23 pods a second; the apiserver here serves one machine's tests, not a fleet."""
 CONTROLLERS = [
     "serviceaccount-controller",
     "serviceaccount-token-controller",
@@ -534,6 +538,7 @@ class MiniCluster:
                 f"--root-ca-file={pki / 'ca.crt'}",
                 "--controllers=" + ",".join(CONTROLLERS),
                 "--concurrent-deployment-syncs=5",
+                *CLIENT_LIMITS,
                 "--v=1",
             ],
             self.log_dir,
@@ -561,6 +566,7 @@ class MiniCluster:
                 f"--secure-port={port}",
                 f"--cert-dir={self.work_dir / 'kube-scheduler'}",
                 "--leader-elect=false",
+                *CLIENT_LIMITS,
                 "--v=1",
             ],
             self.log_dir,

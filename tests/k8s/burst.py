@@ -1,0 +1,430 @@
+"""A burst of GPU pods through the real control plane onto simulated GPU nodes, with a fault on the way:
+what ``bench/scale.py`` runs and reports, and ``test_scale_small.py`` checks.
+
+The tier's mini cluster (``tests/k8s/cluster.py``: etcd, kube-apiserver, controller-manager and
+scheduler of the current version, two fake-cri kubelets) with ``--kwok-nodes`` simulated GPU nodes
+(``tests/k8s/kwok.py``: 16 ``iluvatar.com/gpu`` on each device-plugin node, every 4th a DRA node)
+and the real ``ix-gpu webhook`` (one host process, failurePolicy Fail, registered through a
+Service as the chart does). ``--namespaces`` namespaces, every 20th opted out by annotation and
+the pod-security ``warn`` and ``audit`` levels mixed (``enforce`` stays privileged: the injected
+driver hostPaths are what baseline refuses). Then ``--pods`` GPU pods, spread over the namespaces,
+are created at ``--rate`` pods/s; a quarter name ``ix-gpu.io/gpu-type: BI-V150``, which the webhook
+turns into a required node affinity, so the scheduler's work with and without it is seen in one run.
+A create that fails is retried for up to a minute, as a client (a controller) would.
+
+Half-way through the burst the fault happens: the apiserver stopped for 2 s and started again; the
+webhook SIGKILLed and started again; etcd compacted to its current revision (watches from before
+get 410 Gone); or 500 namespaces created each immediately followed by its pod.
+
+Reported: pod-create latency p50/p99 as the client saw it (SLO: 1 s) and the creates that failed
+before a retry; admission latency p50/p99 as the apiserver measured it
+(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets) and as
+the webhook did; pod startup p50/p99, from the create's answer to Running as seen by a watch (SLO:
+5 s); scheduling (create to bound) p50/p99 and throughput, with and without the injected affinity;
+the webhook's CPU seconds per review and RSS; GPU pods admitted unmutated; opted-out pods mutated.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ix_gpu.devicemodel import labels
+from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.list_watch import WatchStream
+from tests.k8s.cluster import MiniCluster
+from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
+
+FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst")
+LEVELS = ("privileged", "baseline", "restricted")
+OPT_OUT_EVERY = 20
+AFFINITY_EVERY = 4
+BURST_NAMESPACES = 500
+RETRY_FOR_S = 60.0
+"""How long a client retries a create that failed (backoff 0.2 s doubling to 2 s): an apiserver
+restart on two shared cores takes up to about 20 s."""
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 1)
+
+
+def bucket_quantile(text: str, family: str, q: float, match: dict[str, str]) -> float | None:
+    """``q`` of a Prometheus histogram, interpolated linearly inside its bucket, over the series
+    whose labels include ``match``."""
+    buckets: dict[float, float] = {}
+    for metric in text_string_to_metric_families(text):
+        if metric.name != family:
+            continue
+        for sample in metric.samples:
+            if sample.name != f"{family}_bucket":
+                continue
+            if any(sample.labels.get(k) != v for k, v in match.items()):
+                continue
+            bound = float(sample.labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    if not buckets or buckets.get(float("inf"), 0) == 0:
+        return None
+    total = buckets[float("inf")]
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in sorted(buckets):
+        count = buckets[bound]
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / max(count - below, 1e-9))
+        lower, below = bound, count
+    return None
+
+
+class PodWatch:
+    """Every pod's first bound and first Running moment, from a watch of all pods (as the SLO's
+    watch-based measurement does)."""
+
+    def __init__(self, api: ApiServer) -> None:
+        self.api = api
+        self.bound: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._stream: WatchStream | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> PodWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    listed = self.api.request("GET", "/api/v1/pods?limit=1")
+                    version = listed["metadata"]["resourceVersion"]
+                path = f"/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion={version}"
+                self._stream = WatchStream(self.api, path, "application/json", 10, 600)
+                for line in self._stream.lines():
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    meta = obj.get("metadata") or {}
+                    if event.get("type") == "ERROR":
+                        version = ""
+                        break
+                    version = meta.get("resourceVersion") or version
+                    key = f"{meta.get('namespace')}/{meta.get('name')}"
+                    now = time.monotonic()
+                    if (obj.get("spec") or {}).get("nodeName"):
+                        self.bound.setdefault(key, now)
+                    if (obj.get("status") or {}).get("phase") == "Running":
+                        self.running.setdefault(key, now)
+            except Exception:
+                if not self._stop.is_set():
+                    time.sleep(0.5)  # an apiserver restart: watch again from where it was
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.close()
+
+
+def create_namespaces(api: KubeAPI, count: int, prefix: str = "scale", workers: int = 16) -> list[str]:
+    names = [f"{prefix}-{i:05d}" for i in range(count)]
+
+    def one(i: int) -> None:
+        level = LEVELS[i % len(LEVELS)]
+        metadata: dict[str, Any] = {
+            "name": names[i],
+            "labels": {
+                "pod-security.kubernetes.io/enforce": "privileged",
+                "pod-security.kubernetes.io/warn": level,
+                "pod-security.kubernetes.io/audit": level,
+            },
+        }
+        if i % OPT_OUT_EVERY == 0:
+            metadata["annotations"] = {labels.INJECT: labels.INJECT_DISABLED}
+        for _ in range(5):
+            status, reply = api.request("POST", "/api/v1/namespaces", {"metadata": metadata})
+            if status in (201, 409):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"namespace {names[i]}: {status} {str(reply)[:200]}")
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, range(count)))
+    return names
+
+
+def wait_service_accounts(api: KubeAPI, count: int, timeout: float = 300) -> None:
+    """ServiceAccount admission refuses pods until their namespace has its ``default`` account."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, listed = api.request("GET", "/api/v1/serviceaccounts?fieldSelector=metadata.name%3Ddefault")
+        if status == 200 and len(listed.get("items", [])) >= count:
+            return
+        time.sleep(1)
+    raise RuntimeError("the default ServiceAccounts were not all created")
+
+
+def gpu_pod(name: str, affinity: bool) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if affinity:
+        metadata["annotations"] = {labels.GPU_TYPE: "BI-V150"}
+    container = {"name": "main", "image": "busybox", "resources": {"limits": {"iluvatar.com/gpu": "1"}}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [container]}}
+
+
+class Burst:
+    """Creates pods at a rate from a pool of client threads; a failed create is retried."""
+
+    def __init__(self, api: KubeAPI) -> None:
+        self.api = api
+        self.latency: list[float] = []
+        self.created: dict[str, float] = {}
+        self.first_try_errors: list[str] = []
+        self.failed: list[str] = []
+        self.affinity: set[str] = set()
+        self.offered_s = 0.0
+        """Seconds it took to send every first create (the offered rate's duration)."""
+        self._lock = threading.Lock()
+
+    def create(self, namespace: str, name: str, affinity: bool) -> None:
+        key = f"{namespace}/{name}"
+        if affinity:
+            self.affinity.add(key)
+        deadline = time.monotonic() + RETRY_FOR_S
+        attempt = 0
+        while attempt == 0 or time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                status, reply = self.api.request(
+                    "POST", f"/api/v1/namespaces/{namespace}/pods", gpu_pod(name, affinity), timeout=30
+                )
+            except OSError as exc:
+                status, reply = 0, str(exc)
+            done = time.monotonic()
+            with self._lock:
+                if status in (201, 409):
+                    self.latency.append(done - started)
+                    self.created.setdefault(key, done)
+                    return
+                if attempt == 0:
+                    self.first_try_errors.append(f"{status} {str(reply)[:160]}")
+            time.sleep(min(0.2 * 2**attempt, 2.0))
+            attempt += 1
+        with self._lock:
+            self.failed.append(key)
+
+    def run(self, targets: list[tuple[str, str, bool]], rate: float, halfway: threading.Event) -> float:
+        start = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            futures = []
+            for i, target in enumerate(targets):
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                if i == len(targets) // 2:
+                    halfway.set()
+                futures.append(pool.submit(self.create, *target))
+            self.offered_s = time.monotonic() - start
+            for future in futures:
+                future.result()
+        return time.monotonic() - start
+
+
+def etcd_compact(url: str) -> int:
+    """Compact etcd to its current revision (through its JSON gateway); returns the revision."""
+
+    def call(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
+
+    revision = int(call("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+    call("/v3/kv/compaction", {"revision": revision, "physical": True})
+    return revision
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run(
+    work: Path,
+    *,
+    kwok_nodes: int,
+    namespaces: int,
+    pods: int,
+    rate: float,
+    fault: str,
+    binaries: K8sBinaries | None = None,
+    log_dir: Path | None = None,
+) -> dict[str, Any]:
+    """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
+    Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs."""
+    result: dict[str, Any] = {
+        "kwok_nodes": kwok_nodes,
+        "namespaces": namespaces,
+        "pods": pods,
+        "rate": rate,
+        "fault": fault,
+    }
+    with MiniCluster(
+        work, binaries=binaries, log_dir=log_dir, plugin_config=None, kwok_nodes=kwok_nodes
+    ) as cluster:
+        result["cluster_up_s"] = cluster.timings.get("total")
+        webhook = cluster.install_webhook()
+        api = cluster.api
+        t = time.monotonic()
+        names = create_namespaces(api, namespaces)
+        wait_service_accounts(api, namespaces + 5)
+        result["namespaces_s"] = round(time.monotonic() - t, 1)
+        targets = [(names[i % namespaces], f"gpu-{i:06d}", i % AFFINITY_EVERY == 1) for i in range(pods)]
+        watch = PodWatch(ApiServer.from_kubeconfig(cluster.kubeconfig)).start()
+        burst = Burst(api)
+        halfway = threading.Event()
+        fault_info: dict[str, Any] = {}
+
+        def inject() -> None:
+            halfway.wait()
+            at = time.monotonic()
+            if fault == "apiserver-restart":
+                api.restart(2.0)
+            elif fault == "webhook-kill":
+                assert webhook.process is not None
+                os.kill(webhook.process.pid, signal.SIGKILL)
+                webhook.process.popen.wait()
+                webhook.start(ready=True)
+            elif fault == "compact":
+                assert cluster.etcd is not None
+                fault_info["revision"] = etcd_compact(cluster.etcd.url)
+            elif fault == "namespace-burst":
+                burst_names = create_namespaces(api, BURST_NAMESPACES, prefix="burst")
+                for i, namespace in enumerate(burst_names):
+                    burst.create(namespace, f"burst-{i:05d}", False)
+            fault_info["seconds"] = round(time.monotonic() - at, 2)
+
+        pid = webhook.process.pid if webhook.process is not None else 0
+        cpu_before = cpu_seconds(pid)
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+        result["burst_s"] = round(burst.run(targets, rate, halfway), 1)
+        injector.join(timeout=300)
+        result["fault_info"] = fault_info
+        result["offered_rate"] = round(pods / burst.offered_s, 1)
+        result["stored_rate"] = round(pods / result["burst_s"], 1)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and len(watch.running.keys() & burst.created.keys()) < len(
+            burst.created
+        ):
+            time.sleep(0.5)
+        watch.stop()
+        pid = webhook.process.pid if webhook.process is not None else 0
+        result["webhook_rss_mib"] = round(rss_mib(pid), 1)
+        reviews = len(burst.created)
+        if fault != "webhook-kill":  # a killed process's CPU is gone with it
+            result["webhook_cpu_ms_per_review"] = round((cpu_seconds(pid) - cpu_before) / reviews * 1000, 2)
+
+        startup = [watch.running[k] - burst.created[k] for k in burst.created if k in watch.running]
+        scheduling = {
+            group: [
+                watch.bound[k] - burst.created[k] for k in burst.created if k in watch.bound and member(k)
+            ]
+            for group, member in (
+                ("with_affinity", lambda k: k in burst.affinity),
+                ("without_affinity", lambda k: k not in burst.affinity),
+            )
+        }
+        metrics_status, metrics_text = api.request("GET", "/metrics")
+        text = metrics_text if isinstance(metrics_text, str) else ""
+        admission = "apiserver_admission_webhook_admission_duration_seconds"
+        match = {"operation": "CREATE", "type": "admit"}
+        with webhook.client() as client:
+            own = client.get("/metrics").text
+        result.update(
+            {
+                "pods_created": len(burst.created),
+                "create_failed_after_retries": len(burst.failed),
+                "create_errors_first_try": len(burst.first_try_errors),
+                "create_error_examples": sorted(set(burst.first_try_errors))[:3],
+                "create_p50_ms": ms(quantile(burst.latency, 0.5)),
+                "create_p99_ms": ms(quantile(burst.latency, 0.99)),
+                "admission_p50_ms": ms(bucket_quantile(text, admission, 0.5, match)),
+                "admission_p99_ms": ms(bucket_quantile(text, admission, 0.99, match)),
+                "webhook_p99_ms": ms(bucket_quantile(own, "ix_gpu_admission_duration_seconds", 0.99, {})),
+                "running": len(startup),
+                "startup_p50_ms": ms(quantile(startup, 0.5)),
+                "startup_p99_ms": ms(quantile(startup, 0.99)),
+            }
+        )
+        for group, values in scheduling.items():
+            result[f"scheduled_{group}"] = len(values)
+            result[f"scheduling_{group}_p50_ms"] = ms(quantile(values, 0.5))
+            result[f"scheduling_{group}_p99_ms"] = ms(quantile(values, 0.99))
+        bound_times = sorted(watch.bound[k] for k in burst.created if k in watch.bound)
+        if len(bound_times) > 1:
+            result["scheduler_pods_per_s"] = round(len(bound_times) / (bound_times[-1] - bound_times[0]), 1)
+        result.update(audit(api, set(burst.created)))
+        result["metrics_scraped"] = metrics_status == 200
+    return result
+
+
+def audit(api: KubeAPI, created: set[str]) -> dict[str, Any]:
+    """Every created pod read back: GPU pods stored without the webhook's mark in namespaces that
+    did not opt out (must be 0), and pods with it in namespaces that did (must be 0)."""
+    unmutated, opted_out_mutated, opted_out = [], [], 0
+    token = ""
+    while True:
+        status, listed = api.request(
+            "GET", "/api/v1/pods?limit=500" + (f"&continue={token}" if token else "")
+        )
+        if status != 200:
+            raise RuntimeError(f"listing pods: {status}")
+        for pod in listed["items"]:
+            meta = pod["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            if key not in created:
+                continue
+            injected = labels.INJECTED in (meta.get("annotations") or {})
+            index = int(meta["namespace"].rsplit("-", 1)[1])
+            if index % OPT_OUT_EVERY == 0:
+                opted_out += 1
+                if injected:
+                    opted_out_mutated.append(key)
+            elif not injected:
+                unmutated.append(key)
+        token = listed["metadata"].get("continue") or ""
+        if not token:
+            break
+    return {
+        "gpu_pods_unmutated": len(unmutated),
+        "unmutated_examples": unmutated[:3],
+        "opted_out_pods": opted_out,
+        "opted_out_pods_mutated": len(opted_out_mutated),
+    }
