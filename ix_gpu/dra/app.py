@@ -71,7 +71,8 @@ class DraSettings:
     driver_root: str | None = None
     unhealthy: UnhealthyMode = "taint"
     health_interval: float = 5.0
-    """How often the node's allocation label and allocatable are re-read."""
+    """How often the chips' health is read and the slice (and the allocation verdict, from the
+    node's watch) brought up to date."""
     config_dir: Path | None = None
     """``--config DIR``: the directory of named configs one was picked from at start."""
     default_config: str | None = None

@@ -129,8 +129,9 @@ class ApiServer:
         return read_kubeconfig(path)
 
     def ssl_context(self) -> ssl.SSLContext:
-        """A fresh context per request: CA and certificate files are read again, so rotated ones
-        are used without a restart (the plugin talks to the API server once a minute at most)."""
+        """A fresh context per connection: CA and certificate files are read again, so rotated ones
+        are used without a restart (the agents open a connection per write, per list page and per
+        watch, so a handshake's cost is rare)."""
         import ssl  # with urllib.request, only in a plugin that talks to the API server
 
         context = ssl.create_default_context(
