@@ -73,19 +73,19 @@ def test_rbac_is_exactly_what_each_plugin_calls() -> None:
             "resources": ["resourceslices"],
             "verbs": ["get", "create", "update"],
         },
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     ]
     binding = find(objects, "ClusterRoleBinding", DRA)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": DRA, "namespace": NAMESPACE}]
     assert binding["roleRef"]["name"] == DRA
-    # The device plugin reads its node's allocation label and lists the driver's slices.
+    # The device plugin watches its node's allocation label and the driver's slices of its node.
     assert find(objects, "ClusterRole", PLUGIN)["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch", "get"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list", "watch"]},
     ]
     # ... also with node labels off: then it still needs the token and those rights.
     quiet = render({"dra": {"enabled": True}, "plugin": {"nodeLabels": False}})
-    assert find(quiet, "ClusterRole", PLUGIN)["rules"][0]["verbs"] == ["get"]
+    assert find(quiet, "ClusterRole", PLUGIN)["rules"][0]["verbs"] == ["list", "watch"]
     assert (
         find(quiet, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     )

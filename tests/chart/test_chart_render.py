@@ -1210,7 +1210,7 @@ def test_helm_test_hook_dry_runs_a_gpu_pod_with_only_the_right_to_create_pods() 
     assert "Pod" not in kinds(render({"tests": {"enabled": False}}, hooks=True))
 
 
-def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
+def test_per_node_configs_mount_a_directory_and_may_watch_the_node() -> None:
     shared = {"sharing": {"timeSlicing": {"replicas": 4}}}
     objects = render({"plugin": {"nodeConfigs": {"shared4": shared}, "nodeLabels": False}})
     configmap = find(objects, "ConfigMap", "ix-config")
@@ -1219,7 +1219,7 @@ def test_per_node_configs_mount_a_directory_and_may_read_the_node() -> None:
     args = find(objects, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--config=/ixconfig" in args and "--default-config=ix-config" in args
     role = find(objects, "ClusterRole", PLUGIN)
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
     assert find(objects, "ServiceAccount", PLUGIN)["automountServiceAccountToken"] is True
     # The pod's own setting wins over the ServiceAccount's: without a token the plugin cannot read
     # its node's config label, and every node silently gets the default config.

@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ix_gpu.devicemodel import labels
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.list_watch import WatchStream
+from tests.k8s import kwok
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
 
@@ -186,7 +187,8 @@ def gpu_pod(name: str, affinity: bool) -> dict[str, Any]:
     if affinity:
         metadata["annotations"] = {labels.GPU_TYPE: "BI-V150"}
     container = {"name": "main", "image": "busybox", "resources": {"limits": {"iluvatar.com/gpu": "1"}}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [container]}}
+    spec = {"containers": [container], "tolerations": [kwok.TOLERATION]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 class Burst:

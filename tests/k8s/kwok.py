@@ -14,7 +14,9 @@ with what our agents would have given it, computed by the project's own code:
 No kubelet runs there, so no device plugin or DRA plugin either: these are their effects on the
 API, not the agents. kwok's stages, written here, make a node Ready and keep its allocatable, make
 a bound pod Running (its containers ready) and delete a pod once it is marked for deletion. The
-nodes carry no taint: every pod may land on them, as on a GPU node of a real cluster.
+nodes carry kwok's taint :data:`TAINT`, so only pods that tolerate it (:data:`TOLERATION`) land
+there: the chart's webhook replicas and DaemonSets stay on the real nodes, where their containers
+really run.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ PRODUCTS = (("Iluvatar BI-V100", 1, 32768), ("Iluvatar BI-V150", 2, 32768), ("Il
 """(product, chips per board, MiB per chip), taken in turn by the simulated nodes."""
 BOARDS = 4
 """Boards per simulated node."""
+TAINT = {"key": ANNOTATION, "value": "fake", "effect": "NoSchedule"}
+TOLERATION = {"key": ANNOTATION, "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
+"""What a pod meant for the simulated nodes carries."""
 REPLICAS = 4
 """Pods per board (time slicing, as the seed's ConfigMap has it): 16 ``iluvatar.com/gpu`` a node."""
 
@@ -233,7 +238,7 @@ def node_body(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": {ANNOTATION: "fake"}},
-        "spec": {"providerID": f"kwok://{name}"},
+        "spec": {"providerID": f"kwok://{name}", "taints": [TAINT]},
         "status": {"capacity": resources, "allocatable": resources},
     }
     return body, node_chips
