@@ -399,8 +399,10 @@ def run(
 
 def audit(api: KubeAPI, created: set[str]) -> dict[str, Any]:
     """Every created pod read back: GPU pods stored without the webhook's mark in namespaces that
-    did not opt out (must be 0), and pods with it in namespaces that did (must be 0)."""
+    did not opt out (must be 0), and pods with it in namespaces that did (must be 0); and how many
+    are bound and in which phase, as stored (beside what the watch saw)."""
     unmutated, opted_out_mutated, opted_out = [], [], 0
+    bound, phases = 0, dict[str, int]()
     token = ""
     while True:
         status, listed = api.request(
@@ -413,6 +415,9 @@ def audit(api: KubeAPI, created: set[str]) -> dict[str, Any]:
             key = f"{meta['namespace']}/{meta['name']}"
             if key not in created:
                 continue
+            bound += bool(pod["spec"].get("nodeName"))
+            phase = pod.get("status", {}).get("phase", "")
+            phases[phase] = phases.get(phase, 0) + 1
             injected = labels.INJECTED in (meta.get("annotations") or {})
             index = int(meta["namespace"].rsplit("-", 1)[1])
             if index % OPT_OUT_EVERY == 0:
@@ -429,4 +434,6 @@ def audit(api: KubeAPI, created: set[str]) -> dict[str, Any]:
         "unmutated_examples": unmutated[:3],
         "opted_out_pods": opted_out,
         "opted_out_pods_mutated": len(opted_out_mutated),
+        "stored_bound": bound,
+        "stored_phases": phases,
     }
