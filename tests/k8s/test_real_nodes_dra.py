@@ -508,12 +508,15 @@ def plugin_metric(pod: dict[str, Any], name: str) -> float:
     raise AssertionError(f"no {name} in the plugin's /metrics")
 
 
+SLICES_WATCH = "the ResourceSlices of gpu.iluvatar.com"
+
+
 def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(release: Release) -> None:
-    """An apiserver restart lands on the device plugins' reads of their node and of the DRA
+    """An apiserver restart lands on the device plugins' watches of their node and of the DRA
     driver's slices (gpu-a is the device plugin's now, gpu-b DRA's): both nodes' iluvatar.com/gpu
     allocatable is what it was, sampled as the kubelets report it from the moment the apiserver is
-    back; the plugin's metrics count the failed reads and its log says it read again; and a GPU pod
-    created right after is admitted by the kubelet and runs."""
+    back; the plugin's metrics count the failed lists and watches and its log says it watches
+    again; and a GPU pod created right after is admitted by the kubelet and runs."""
     api = release.api
     nodes = ("gpu-a", "gpu-b")
 
@@ -541,13 +544,13 @@ def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(release: Releas
     assert samples and all(sample == before for sample in samples), samples
     assert plugin_metric(plugin, series) > errors_before, "the failed lists are counted"
     log = wait_until(
-        lambda: (lambda text: text if "read the ResourceSlices of gpu.iluvatar.com again" in text else None)(
+        lambda: (lambda text: text if f"{SLICES_WATCH} list/watch works again" in text else None)(
             release.log("ix-gpu-system", plugin["metadata"]["name"])
         ),
-        "the plugin's log: the slices listed again",
+        "the plugin's log: the slices watched again",
         60,
     )
-    assert "cannot read the ResourceSlices of gpu.iluvatar.com (keeping the last answer" in log, log[-3000:]
+    assert f"{SLICES_WATCH} list/watch failed; retrying (keeping what it last heard)" in log, log[-3000:]
     # The kubelet admits a pod asking for the chips the device plugin still offers.
     namespace = f"after-restart-{secrets.token_hex(3)}"
     ns = new_namespace(api, namespace)
