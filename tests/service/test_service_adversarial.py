@@ -62,7 +62,11 @@ from tests.support.webhook_process import WebhookProcess
 MINIMUM_REVIEWS = 20_000
 PARALLELISM = 8
 ANSWER_LIMIT_S = 1.0
-HEALTHZ_LIMIT_S = 0.1
+HEALTHZ_LIMIT_S = 0.25
+"""The slowest /healthz answer allowed while the load runs: a stalled event loop (a review parsed or
+mutated on it instead of in the child) takes seconds, and the kubelet's probe gives up after 1 s.
+Not tighter: with scripts/test.sh's Go builds beside these tests on 2 cores, a healthy loop
+answered in up to 133 ms (74 ms on an idle machine)."""
 RSS_LIMIT = 256 * MiB
 """The chart's memory limit for the webhook container."""
 PATCH_CHECK_MAX_BYTES = 64 * 1024

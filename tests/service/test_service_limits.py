@@ -40,7 +40,11 @@ from tests.support.webhook_process import WebhookProcess, ca_context
 SMALL = orjson.dumps(review(pod()))
 RSS_LIMIT = 256 * MiB
 """The chart's memory limit for the webhook container."""
-HEALTHZ_LIMIT_S = 0.1
+HEALTHZ_LIMIT_S = 0.25
+"""The slowest /healthz answer allowed while the load runs: a stalled event loop (a review parsed or
+mutated on it instead of in the child) takes seconds, and the kubelet's probe gives up after 1 s.
+Not tighter: with scripts/test.sh's Go builds beside these tests on 2 cores, a healthy loop
+answered in up to 133 ms (74 ms on an idle machine)."""
 RSS_RETURN_SLACK = 64 * MiB
 """After a burst, RSS must come back to within this of its level before (allocators keep some)."""
 
