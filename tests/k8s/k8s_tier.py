@@ -119,26 +119,29 @@ def _run_build_script(script: Path, args: Sequence[str], env: dict[str, str] | N
 ETCD_VERSION = "v3.6.16"
 
 
+GO_COMMAND_SCRIPT = HERE / "build-go-command.sh"
+
+
+def build_go_command(name: str, version: str, override: str) -> Path:
+    """The binary ``name`` at ``version``, built by ``build-go-command.sh`` (cached there); the
+    environment variable ``override`` may name a directory that holds one instead."""
+    directory = os.environ.get(override)
+    if directory:
+        return Path(directory) / name
+    version_variable = f"IX_{name.upper().replace('-', '_')}_VERSION"
+    return _run_build_script(GO_COMMAND_SCRIPT, [name], {version_variable: version}) / name
+
+
 @functools.cache
 def build_etcd() -> Path:
-    """etcd ``ETCD_VERSION``, built from the module proxy by ``build-go-command.sh etcd`` (cached;
-    cold: a minute or two). ``IX_GPU_ETCD_BIN`` names a directory with one instead.
+    """etcd ``ETCD_VERSION`` from the module proxy (cold: a minute or two); ``IX_GPU_ETCD_BIN``
+    names a directory with one instead.
 
     Why not an older etcd from a wheel: etcd before 3.5.13 lacks the progress notifications the
     apiserver needs to serve watches from its cache consistently, so it refuses client-go's
     streaming lists; kwok's informers then re-listed every few seconds and its pods reached
     Running in batches seconds apart."""
-    override = os.environ.get("IX_GPU_ETCD_BIN")
-    if override:
-        return Path(override) / "etcd"
-    out = subprocess.run(
-        ["bash", str(HERE / "build-go-command.sh"), "etcd"],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "IX_ETCD_VERSION": ETCD_VERSION},
-    )
-    return Path(out.stdout.strip().splitlines()[-1]) / "etcd"
+    return build_go_command("etcd", ETCD_VERSION, "IX_GPU_ETCD_BIN")
 
 
 def build_binaries(version: str = CURRENT_K8S_VERSION, targets: Sequence[str] = ("all",)) -> K8sBinaries:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,7 @@ from ix_gpu.plugin.backends.base import Chip
 from ix_gpu.plugin.devices.device_list import build_device_list
 from ix_gpu.plugin.server.node_labels import node_labels
 from ix_gpu.runtime.kube import ApiServer
-from tests.k8s.k8s_tier import KubeAPI
-from tests.support.paths import ROOT
+from tests.k8s.k8s_tier import KubeAPI, build_go_command
 from tests.support.processes import Process, start_process
 
 KWOK_VERSION = "v0.8.0"
@@ -185,18 +183,9 @@ spec:
 
 
 def build_kwok() -> Path:
-    """The kwok binary (built once from the module proxy, then cached; cold: about 2 minutes)."""
-    override = os.environ.get("IX_GPU_KWOK_BIN")
-    if override:
-        return Path(override) / "kwok"
-    out = subprocess.run(
-        ["bash", str(ROOT / "tests/k8s/build-go-command.sh"), "kwok"],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "IX_KWOK_VERSION": KWOK_VERSION},
-    )
-    return Path(out.stdout.strip().splitlines()[-1]) / "kwok"
+    """The kwok binary (built once from the module proxy, then cached; cold: about 2 minutes);
+    ``IX_GPU_KWOK_BIN`` names a directory with one instead."""
+    return build_go_command("kwok", KWOK_VERSION, "IX_GPU_KWOK_BIN")
 
 
 def chips(node: str, product: str, per_board: int, memory_mib: int) -> list[Chip]:
