@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="the DRA driver that may hand out this cluster's GPUs (ix-gpu dra's gpu.iluvatar.com): "
         "advertise devices only while this node is not labelled ix-gpu.io/gpu.allocation=dra and no "
         "ResourceSlice of NAME for it lists a device, and none while that cannot be read. Needs "
-        "NODE_NAME and get on nodes, list on resourceslices. Without it, a node labelled dra still "
+        "NODE_NAME and list and watch on nodes and resourceslices. Without it, a node labelled dra still "
         "gets no devices when the node can be read (--config DIR)",
     )
     set_env_name(dra_driver, "IX_GPU_DRA_DRIVER")
@@ -113,8 +113,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description=(
             "Discover GPUs and write the CDI spec (kind iluvatar.com/gpu or nvidia.com/gpu): one CDI "
             "device per advertised device, replicas included, each with its chips' device nodes; "
-            "shared edits: the control nodes, the driver root mounted read-only and LD_LIBRARY_PATH "
-            "(none for NVIDIA, whose toolkit provides the driver). Written atomically to "
+            "shared edits: the control nodes, the driver root mounted read-only and a createContainer "
+            "hook that adds its library directory to the container's linker cache; no environment "
+            "variable, which would replace the image's and the pod's (no driver edits for NVIDIA, "
+            "whose toolkit provides the driver). Written atomically to "
             "<cdi.specDir>/<vendor>-<class>.json (default /var/run/cdi); unchanged content is not "
             "rewritten. The plugin writes the same spec itself with deviceListStrategy: cdi."
         ),

@@ -965,6 +965,26 @@ def test_ix_config_is_the_vendor_format_verbatim() -> None:
     }
 
 
+def test_the_cdi_strategy_writes_the_spec_where_the_daemonset_mounts_the_runtimes_directory() -> None:
+    """``plugin.deviceListStrategy: cdi`` puts the strategy, the spec directory and the driver root
+    into ix-config, and that directory is the hostPath the DaemonSet mounts read-write."""
+    values = {"plugin": {"deviceListStrategy": "cdi", "cdiDir": "/etc/cdi", "driver": {"root": "/opt/corex"}}}
+    rendered = render(values)
+    configmap = find(rendered, "ConfigMap", "ix-config")
+    config = parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"]))
+    assert config.device_list_strategy.value == "cdi"
+    assert (config.cdi.spec_dir, config.cdi.driver_root) == ("/etc/cdi", "/opt/corex")
+    pod = find(rendered, "DaemonSet", PLUGIN)["spec"]["template"]["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "cdi"]
+    assert mount["mountPath"] == "/etc/cdi" and not mount.get("readOnly")
+    assert _volume(find(rendered, "DaemonSet", PLUGIN), "cdi")["hostPath"]["path"] == "/etc/cdi"
+    # The default stays envvar, and says nothing of CDI in ix-config.
+    plain = yaml.safe_load(find(render({}), "ConfigMap", "ix-config")["data"]["ix-config"])
+    assert "deviceListStrategy" not in plain and "cdi" not in plain
+    with pytest.raises(HelmError, match="deviceListStrategy"):
+        render({"plugin": {"deviceListStrategy": "cdi-cri"}})
+
+
 def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
     values = {"plugin": {"nodeSelector": {"ix-gpu.io/gpu": "true"}}}
     daemonset = find(render(values), "DaemonSet", PLUGIN)
@@ -983,8 +1003,10 @@ def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
         "/sys": "/sys",
         "/run/udev": "/run/udev",
         "/usr/local/corex": "/usr/local/corex",
+        "/var/run/cdi": "/var/run/cdi",  # where deviceListStrategy: cdi writes the spec
     }
     assert mounts["/sys"][1] and mounts["/run/udev"][1] and not mounts["/dev"][1]
+    assert not mounts["/var/run/cdi"][1]
     assert mounts["/ixconfig"][0] == "ix-config"
     assert _volume(daemonset, "ix-config")["configMap"] == {"name": "ix-config"}
     assert f"--config={PLUGIN_CONFIG_PATH}" in container["args"]

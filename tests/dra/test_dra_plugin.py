@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import grpc
+import jsonschema
 import pytest
 
 from ix_gpu.dra.api import dra_v1_pb2 as dra
@@ -17,6 +18,8 @@ from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, runni
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi
 from tests.support.cli import ix_gpu
 from tests.support.waiting import wait_until_async
+
+CDI_SCHEMA = json.loads((Path(__file__).parents[1] / "plugin" / "data" / "cdi-spec.schema.json").read_text())
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,8 +85,13 @@ def test_prepare_writes_a_cdi_spec_per_claim_and_is_idempotent(
     assert spec["devices"] == [
         {"name": f"{UID}-gpu-1", "containerEdits": {"deviceNodes": [{"path": "/dev/iluvatar1"}]}}
     ]
-    assert "IX_VISIBLE_DEVICES=GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4e01" in spec["containerEdits"]["env"]
+    # The one variable: the visible devices, which no Allocate carries here. No LD_LIBRARY_PATH
+    # (it would replace the pod's); the driver's library directory goes into the linker cache.
+    assert spec["containerEdits"]["env"] == ["IX_VISIBLE_DEVICES=GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4e01"]
+    (hook,) = spec["containerEdits"]["hooks"]
+    assert hook["hookName"] == "createContainer" and hook["args"][-1] == "/usr/local/corex/lib64"
     assert {"path": "/dev/itrctl"} in spec["containerEdits"]["deviceNodes"]
+    jsonschema.validate(spec, CDI_SCHEMA)
 
 
 def test_restart_between_prepare_and_unprepare_still_removes_the_spec(

@@ -18,8 +18,9 @@ from tests.k8s.cluster import MiniCluster
 from tests.k8s.conftest import REAL_NODES_NOT_RUN, _tier_requested
 from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_binaries, build_helm
-from tests.k8s.pods import request_ok
+from tests.k8s.pods import get_pod, request_ok
 from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers, misc_devices
+from tests.support.waiting import wait_until
 
 NAMESPACE = "ix-gpu-system"
 NS_PATH = f"/api/v1/namespaces/{NAMESPACE}"
@@ -60,6 +61,57 @@ print("done", flush=True)
 import time
 time.sleep(3600)
 """
+
+
+# How a GPU container finds the driver's libraries (tests of issue "CDI keeps LD_LIBRARY_PATH"): the
+# variable as the container got it, the libixml entries of its linker cache, where libixml.so is
+# loaded from with that variable, and where from without it (only the linker cache can find it).
+LIBRARY_CHECK = r"""
+import ctypes, os, subprocess, sys, time
+print("LD_LIBRARY_PATH=" + os.environ.get("LD_LIBRARY_PATH", ""))
+cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
+print("ldcache:", " ".join(sorted(l.split(" => ")[1] for l in cache.splitlines() if "libixml" in l)))
+LOAD = ("import ctypes; ctypes.CDLL('libixml.so'); "
+        "print(*[l.split()[-1] for l in open('/proc/self/maps') if 'libixml' in l][:1])")
+bare = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+for label, env in (("with", dict(os.environ)), ("without", bare)):
+    done = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True)
+    print(f"loaded {label} LD_LIBRARY_PATH:", done.stdout.strip() or "failed " + done.stderr.strip()[-200:])
+print("done", flush=True)
+time.sleep(3600)
+"""
+
+
+APP_LIBRARY_PATH = "/opt/app/lib"
+"""What an application's image or pod puts on LD_LIBRARY_PATH, which injection must keep."""
+
+
+def library_pod(name: str, image: str, gpus: int = 0) -> dict[str, Any]:
+    """A root pod running LIBRARY_CHECK with ``LD_LIBRARY_PATH=/opt/app/lib`` of its own and
+    ``gpus`` iluvatar.com/gpu."""
+    pod = image_pod(name, image, ["python3", "-c", LIBRARY_CHECK], gpus=gpus)
+    container = pod["spec"]["containers"][0]
+    container["securityContext"] = {"runAsUser": 0}
+    container["env"] = [{"name": "LD_LIBRARY_PATH", "value": APP_LIBRARY_PATH}]
+    return pod
+
+
+def library_check_lines(release: Release, namespace: str, pod: str) -> dict[str, str]:
+    """LIBRARY_CHECK's output of ``pod``, once it is done: each line's key (before ``=`` or ``:``)
+    to the rest."""
+    wait_until(
+        lambda: "done" in release.log(namespace, pod).splitlines(),
+        f"{pod}'s library check",
+        90,
+        details=lambda: release.log(namespace, pod) + str(get_pod(release.api, namespace, pod))[-2000:],
+    )
+    log = release.log(namespace, pod)
+    print(f"\nkubectl logs {pod}:\n{log}")
+    found = {}
+    for line in log.splitlines():
+        key, _, value = line.partition("=" if line.startswith("LD_LIBRARY_PATH=") else ":")
+        found[key] = value.strip()
+    return found
 
 
 def device_check() -> str:

@@ -281,7 +281,11 @@ def test_cdi_strategy_the_kubelet_gets_cdi_names_that_resolve_in_the_written_spe
     assert sorted(envs["IX_VISIBLE_DEVICES"].split(",")) == sorted(board_chips)
     nodes = [n["path"] for n in names[name]["containerEdits"]["deviceNodes"]]
     assert sorted(nodes) == sorted(f"/dev/iluvatar{MINOR[u]}" for u in board_chips)
-    assert spec["containerEdits"]["env"] == ["LD_LIBRARY_PATH=/usr/local/corex/lib64"]
+    # No variable in the spec (it would replace the pod's); the driver's libraries go into the
+    # container's linker cache through the hook.
+    assert "env" not in spec["containerEdits"]
+    (hook,) = spec["containerEdits"]["hooks"]
+    assert hook["hookName"] == "createContainer" and hook["args"][-1] == "/usr/local/corex/lib64"
 
 
 def test_cdi_strategy_with_an_unwritable_spec_dir_advertises_nothing(

@@ -42,12 +42,15 @@ from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import REAL_NODES
 from tests.k8s.real_release import (
+    APP_LIBRARY_PATH,
     NAMESPACE,
     NS_PATH,
     RESOURCE,
     Release,
     device_check,
     image_pod,
+    library_check_lines,
+    library_pod,
     open_release,
 )
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
@@ -275,6 +278,24 @@ def test_the_seed_pod_sees_only_its_devices_and_the_driver_root_read_only(releas
     assert "driver root: read-only 30" in lines, log  # EROFS
     assert "driver root: fake-ixml-devices lib64" in lines, log
     assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, log
+    request_ok(api, "DELETE", ns)
+
+
+def test_a_device_plugin_pod_without_cdi_keeps_its_library_path(release: Release) -> None:
+    """Allocate without CDI sets no LD_LIBRARY_PATH: the container has the pod's own value with
+    the profile's directory merged in front, each once, and the driver's library loads from the
+    webhook's mount. No CDI spec, so nothing is added to the linker cache."""
+    api = release.api
+    namespace = f"lib-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    request_ok(api, "POST", f"{ns}/pods", library_pod("lib", release.image, gpus=1))
+    pod = wait_running(api, namespace, "lib", timeout=120)
+    assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@")
+    found = library_check_lines(release, namespace, "lib")
+    assert found["LD_LIBRARY_PATH"] == f"/usr/local/corex/lib64:{APP_LIBRARY_PATH}", found
+    assert found["loaded with LD_LIBRARY_PATH"] == "/usr/local/corex/lib64/libixml.so", found
+    assert found["ldcache"] == "", found
+    assert found["loaded without LD_LIBRARY_PATH"].startswith("failed"), found
     request_ok(api, "DELETE", ns)
 
 

@@ -27,8 +27,16 @@ import pytest
 
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
-from tests.k8s.real_nodes import REAL_NODES, TIER_ROOT, Images
-from tests.k8s.real_release import Release, device_check, image_pod, open_release
+from tests.k8s.real_nodes import DRIVER_ROOT, REAL_NODES, TIER_ROOT, Images
+from tests.k8s.real_release import (
+    APP_LIBRARY_PATH,
+    Release,
+    device_check,
+    image_pod,
+    library_check_lines,
+    library_pod,
+    open_release,
+)
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
@@ -46,6 +54,8 @@ def dra_values(images: Images) -> dict[str, Any]:
     values = real_node_chart_values(images)
     values["dra"] = {"enabled": True}
     values["plugin"]["config"] = {"flags": {"splitboard": True}}
+    # CDI for the device plugin too, so a node relabelled for it serves pods through CDI.
+    values["plugin"]["deviceListStrategy"] = "cdi"
     return values
 
 
@@ -217,9 +227,8 @@ def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip
     # The webhook injected the profile for the DeviceClass: the driver root, read-only.
     assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), pod["metadata"]
     assert "driver root: read-only 30" in lines and "driver root: fake-ixml-devices lib64" in lines, lines
-    # The claim's CDI spec mounts the node's driver at its host path and points the loader there;
-    # containerd applies CDI edits last, so its LD_LIBRARY_PATH is the one the container gets.
-    assert "LD_LIBRARY_PATH=/var/lib/ix-gpu-tier/corex/lib64" in lines, lines
+    # The claim's CDI spec sets no variable: the LD_LIBRARY_PATH is the webhook's.
+    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
     # The kubelet's CDI device ID for the claim, as containerd logged it, names our spec's device.
     uid = claim["metadata"]["uid"]
     (spec_file,) = cdi_specs("gpu-b")
@@ -228,6 +237,81 @@ def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip
     assert [d["name"] for d in spec["devices"]] == [f"{uid}-{device}"]
     containerd_log = (release.node("gpu-b").log_dir / "containerd-gpu-b.log").read_text()
     assert f"CDI devices from CRI Config.CDIDevices: [iluvatar.com/gpu={uid}-{device}]" in containerd_log
+
+
+CDI_LIBRARY = f"{DRIVER_ROOT}/lib64/libixml.so"
+"""The driver's library where a CDI spec mounts it (the node's driver root, at the same path)."""
+
+
+def claim_library_pod(name: str, image: str, template: str) -> dict[str, Any]:
+    """:func:`library_pod` with one claim from the ResourceClaimTemplate ``template``."""
+    pod = library_pod(name, image)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+def test_a_dra_pod_keeps_its_library_path_and_finds_the_driver_in_its_linker_cache(release: Release) -> None:
+    """The claim's CDI spec replaces no variable: the container's LD_LIBRARY_PATH is the pod's
+    with the profile's directory merged in front, each once; and the spec's hook put the driver's
+    library in the linker cache, so it loads by name even with no LD_LIBRARY_PATH at all."""
+    api = release.api
+    namespace = f"dra-lib-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    request_ok(api, "POST", templates, claim_template("lib", None))
+    request_ok(api, "POST", f"{ns}/pods", claim_library_pod("lib", release.image, "lib"))
+    pod = wait_running(api, namespace, "lib", timeout=120)
+    assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), pod["metadata"]
+    found = library_check_lines(release, namespace, "lib")
+    assert found["LD_LIBRARY_PATH"] == f"/usr/local/corex/lib64:{APP_LIBRARY_PATH}", found
+    assert found["ldcache"] == CDI_LIBRARY, found
+    # With the variable, the webhook's mount of the driver comes first; without it, the cache.
+    assert found["loaded with LD_LIBRARY_PATH"] == "/usr/local/corex/lib64/libixml.so", found
+    assert found["loaded without LD_LIBRARY_PATH"] == CDI_LIBRARY, found
+    request_ok(api, "DELETE", ns)
+
+
+def test_an_opted_out_dra_pod_finds_the_driver_through_the_linker_cache(release: Release) -> None:
+    """Opted out, the pod gets nothing from the webhook, and its claim still gets the chip, the
+    driver mount and the linker cache from the claim's CDI spec: its own LD_LIBRARY_PATH is
+    exactly what it set, and the driver's library loads."""
+    api = release.api
+    namespace = f"dra-out-{secrets.token_hex(3)}"
+    request_ok(
+        api,
+        "POST",
+        "/api/v1/namespaces",
+        {"metadata": {"name": namespace, "annotations": {"ix-gpu.io/inject": "disabled"}}},
+    )
+    ns = f"/api/v1/namespaces/{namespace}"
+    wait_until(lambda: api.request("GET", f"{ns}/serviceaccounts/default")[0] == 200, "default SA", 60)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    request_ok(api, "POST", templates, claim_template("out", None))
+
+    # The webhook learns opt-outs through its namespace watch: a pod right after the namespace may
+    # come before it, so this one is checked by dry run until the webhook leaves it alone.
+    def left_alone() -> bool:
+        dry = claim_library_pod("out", release.image, "out")
+        created = request_ok(api, "POST", f"{ns}/pods?dryRun=All", dry)
+        return INJECTED not in (created["metadata"].get("annotations") or {})
+
+    wait_until(
+        left_alone,
+        "the webhook leaving the opted-out namespace's pod alone",
+        30,
+        interval=0.5,
+    )
+    request_ok(api, "POST", f"{ns}/pods", claim_library_pod("out", release.image, "out"))
+    pod = wait_running(api, namespace, "out", timeout=120)
+    assert INJECTED not in (pod["metadata"].get("annotations") or {}), pod["metadata"]
+    assert not [v for v in pod["spec"].get("volumes", []) if v["name"].startswith("ix-gpu-")]
+    found = library_check_lines(release, namespace, "out")
+    assert found["LD_LIBRARY_PATH"] == APP_LIBRARY_PATH, found
+    assert found["ldcache"] == CDI_LIBRARY, found
+    assert found["loaded with LD_LIBRARY_PATH"] == CDI_LIBRARY, found
+    assert found["loaded without LD_LIBRARY_PATH"] == CDI_LIBRARY, found
+    request_ok(api, "DELETE", ns)
 
 
 def test_two_pods_sharing_one_claim_get_the_same_chip(release: Release) -> None:
@@ -497,6 +581,27 @@ def test_relabelled_for_the_device_plugin_a_node_changes_allocator(release: Rele
         60,
     )
     assert len(devices(release, "gpu-b")) == 2  # the other node stays DRA's
+
+
+def test_a_device_plugin_pod_through_cdi_keeps_its_library_path(release: Release) -> None:
+    """gpu-a is the device plugin's now, with ``deviceListStrategy: cdi``: Allocate answers CDI
+    names of the plugin's own spec, which also sets no variable and fills the linker cache."""
+    api = release.api
+    (spec_file,) = [p for p in cdi_specs("gpu-a") if p.name == "iluvatar.com-gpu.json"]
+    assert "env" not in json.loads(spec_file.read_text())["containerEdits"]
+    namespace = f"dp-cdi-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    pod = library_pod("cdi", release.image, gpus=1)
+    pod["spec"]["nodeName"] = "gpu-a"
+    request_ok(api, "POST", f"{ns}/pods", pod)
+    wait_running(api, namespace, "cdi", timeout=120)
+    found = library_check_lines(release, namespace, "cdi")
+    assert found["LD_LIBRARY_PATH"] == f"/usr/local/corex/lib64:{APP_LIBRARY_PATH}", found
+    assert found["ldcache"] == CDI_LIBRARY, found
+    assert found["loaded without LD_LIBRARY_PATH"] == CDI_LIBRARY, found
+    containerd_log = (release.node("gpu-a").log_dir / "containerd-gpu-a.log").read_text()
+    assert "CDI devices from CRI Config.CDIDevices: [iluvatar.com/gpu=" in containerd_log
+    request_ok(api, "DELETE", ns)
 
 
 def plugin_metric(pod: dict[str, Any], name: str) -> float:

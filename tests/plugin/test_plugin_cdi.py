@@ -24,6 +24,7 @@ from ix_gpu.plugin.devices.cdi import (
     write_spec,
 )
 from ix_gpu.plugin.devices.device_list import build_device_list
+from ix_gpu.plugin.devices.ldcache_hook import ldcache_hook
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "cdi-spec.schema.json").read_text())
 
@@ -83,9 +84,11 @@ def test_one_device_per_board_with_both_chips_and_the_shared_driver_edits() -> N
                 "options": ["ro", "nosuid", "nodev", "bind"],
             }
         ],
-        "env": ["LD_LIBRARY_PATH=/usr/local/corex/lib64"],
+        "hooks": [ldcache_hook(["/usr/local/corex/lib64"])],
     }
-    # The visible-devices variable is Allocate's (two devices would overwrite each other here).
+    # No variable at all: a CDI env edit replaces the image's and the pod's value. The
+    # visible-devices variable is Allocate's (two devices would overwrite each other here).
+    assert "env" not in spec["devices"][0]["containerEdits"]
     assert "IX_VISIBLE_DEVICES" not in json.dumps(spec)
 
 
@@ -102,13 +105,14 @@ def test_every_advertised_replica_is_a_cdi_device_so_any_allocated_id_resolves()
     assert "deviceNodes" not in spec["containerEdits"]  # no control nodes on this node
 
 
-def test_a_moved_driver_root_moves_the_mount_and_the_library_path() -> None:
+def test_a_moved_driver_root_moves_the_mount_and_the_cached_library_directory() -> None:
     spec = cdi_spec(
         build_device_list(_chips(1), splitboard=False, replicas=1), ILUVATAR, [], driver_root="/opt/corex"
     )
     _valid(spec)
     assert spec["containerEdits"]["mounts"][0]["hostPath"] == "/opt/corex"
-    assert spec["containerEdits"]["env"] == ["LD_LIBRARY_PATH=/opt/corex/lib64"]
+    assert spec["containerEdits"]["hooks"] == [ldcache_hook(["/opt/corex/lib64"])]
+    assert "env" not in spec["containerEdits"]
 
 
 def test_nvidia_gets_device_nodes_only_its_toolkit_provides_the_driver() -> None:

@@ -5,11 +5,16 @@ device plugin answers Allocate with fully qualified device names (``iluvatar.com
 and the runtime applies the edits a spec file under ``/var/run/cdi`` lists for those names. The
 spec has one CDI device per advertised device (time-slicing replicas included, so any ID the
 kubelet hands back resolves), each with its chips' device nodes; the edits every device shares
-are the control nodes, the driver root mounted read-only, and ``LD_LIBRARY_PATH``.
+are the control nodes, the driver root mounted read-only, and a hook that adds the driver's library
+directory to the container's linker cache (:mod:`ix_gpu.plugin.devices.ldcache_hook`).
 
-What is not in the spec: the visible-devices variable (``IX_VISIBLE_DEVICES``). CDI applies each
-requested device's edits in turn, and two devices setting one variable would leave the last one's
-value; Allocate sets it for the whole request instead, as with the ``envvar`` strategy. For a
+What is not in the spec: any environment variable. A CDI ``env`` edit sets a variable, and the
+runtime applies CDI edits last, so ``LD_LIBRARY_PATH`` in the spec replaced the image's value, the
+pod's, and the list the webhook had merged; the linker cache finds the driver without touching it.
+
+Nor the visible-devices variable (``IX_VISIBLE_DEVICES``): CDI applies each requested device's
+edits in turn, and two devices setting one variable would leave the last one's value; Allocate
+sets it for the whole request instead, as with the ``envvar`` strategy. For a
 vendor whose container toolkit provides the driver (NVIDIA), the spec mounts no driver libraries.
 
 The spec is JSON (which every CDI reader accepts, and which keeps YAML out of the plugin) at
@@ -29,6 +34,7 @@ from typing import Any
 
 from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.plugin.devices.device_list import DeviceList
+from ix_gpu.plugin.devices.ldcache_hook import ldcache_hook
 
 CDI_VERSION = "0.5.0"
 """The oldest version with every field we write; runtimes refuse specs newer than they know, and
@@ -73,7 +79,7 @@ def cdi_spec(
     driver_root: str | None = None,
 ) -> dict[str, Any]:
     """The spec for ``devices``. ``driver_root`` is the host directory to mount (default: the
-    vendor's); it is mounted at the same path, where the profile's ``LD_LIBRARY_PATH`` points."""
+    vendor's); it is mounted at the same path, and its library directory goes into the linker cache."""
     entries: list[dict[str, Any]] = []
     owners: dict[str, str] = {}
     for device in devices.devices:
@@ -89,7 +95,7 @@ def cdi_spec(
         if root != vendor.driver_root and library_dir.startswith(vendor.driver_root + "/"):
             library_dir = root + library_dir[len(vendor.driver_root) :]
         common["mounts"] = [{"hostPath": root, "containerPath": root, "options": list(DRIVER_MOUNT_OPTIONS)}]
-        common["env"] = [f"LD_LIBRARY_PATH={library_dir}"]
+        common["hooks"] = [ldcache_hook([library_dir])]
     spec: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": vendor.resource_name, "devices": entries}
     if any(common.values()):
         spec["containerEdits"] = {key: value for key, value in common.items() if value}
