@@ -195,8 +195,8 @@ def handler_latency(boards: int, calls: int) -> dict[str, float]:
     """Allocate handler time alone (no sockets, no client): the plugin's own share of the p99."""
     from ix_gpu.config.plugin_config import parse_plugin_config
     from ix_gpu.devicemodel.vendors import ILUVATAR
-    from ix_gpu.plugin.backends.fake_devices import parse_fake_devices
-    from ix_gpu.plugin.devices.device_list import build_device_list
+    from ix_gpu.node.backends.fake_devices import parse_fake_devices
+    from ix_gpu.node.devices.device_list import build_device_list
     from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
     from ix_gpu.plugin.server.metrics import PluginMetrics
     from ix_gpu.plugin.server.servicer import DevicePluginServicer

@@ -1,9 +1,9 @@
 """The package layout's import rules, checked by walking every module's AST.
 
-The folders show the layers (``devicemodel`` < ``config`` < ``runtime`` < ``webhook`` / ``plugin``;
-the webhook's pure ``core`` beside its ``service``); these rules keep the picture true as the code
-grows. Every import counts, including the lazy ones inside functions, because a lazy import of
-fastapi in the core would still make the core impure.
+The folders show the layers (``devicemodel`` < ``config`` < ``runtime`` < ``webhook``, and
+``runtime`` < ``node`` < ``plugin`` / ``dra``; the webhook's pure ``core`` beside its ``service``);
+these rules keep the picture true as the code grows. Every import counts, including the lazy ones
+inside functions, because a lazy import of fastapi in the core would still make the core impure.
 """
 
 from __future__ import annotations
@@ -46,49 +46,49 @@ PLUGIN_API = "ix_gpu.plugin.api"
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
         "ix_gpu.devicemodel",
-        ("ix_gpu.config", "ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.runtime", "ix_gpu.cli"),
+        (
+            "ix_gpu.config",
+            "ix_gpu.webhook",
+            "ix_gpu.node",
+            "ix_gpu.plugin",
+            "ix_gpu.dra",
+            "ix_gpu.runtime",
+            "ix_gpu.cli",
+        ),
         "the device model is the bottom layer",
     ),
     (
         "ix_gpu.config",
-        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.runtime", "ix_gpu.cli"),
+        ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.runtime", "ix_gpu.cli"),
         "the config schemas and their loader sit on the device model, below both processes",
     ),
     (
         "ix_gpu.runtime",
-        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.cli"),
-        "the runtime layer sits below both processes",
+        ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli"),
+        "the runtime layer sits below every process",
     ),
     (
         "ix_gpu.webhook",
-        ("ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli"),
-        "the webhook and the plugins are independent",
+        ("ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli"),
+        "the webhook and the node agents are independent",
+    ),
+    # The node layer holds what both node agents need: discovery backends, chips and boards,
+    # health, CDI, the per-node config choice and node labels. It knows neither agent's API.
+    (
+        "ix_gpu.node",
+        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli", "grpc", "grpclib"),
+        "the node layer sits below both node agents and speaks neither kubelet API",
     ),
     (
         "ix_gpu.plugin",
         ("ix_gpu.webhook", "ix_gpu.dra", "ix_gpu.cli"),
-        "the webhook and the plugins are independent; the DRA plugin builds on the device plugin, "
-        "not the reverse",
+        "the device plugin and the DRA plugin are two faces of one node: what both need is in ix_gpu.node",
     ),
-    # The DRA plugin reuses discovery, device grouping, CDI and the config loader; the device
-    # plugin's server (its gRPC servicer, registrar, metrics) is another process's shell.
     (
         "ix_gpu.dra",
-        (
-            "ix_gpu.webhook",
-            "ix_gpu.cli",
-            "ix_gpu.plugin.server.app",
-            "ix_gpu.plugin.server.servicer",
-            "ix_gpu.plugin.server.registration",
-            "ix_gpu.plugin.server.metrics",
-            "ix_gpu.plugin.cli",
-            "ix_gpu.plugin.startup",
-            "ix_gpu.plugin.commands",
-            "ix_gpu.plugin.api",
-            "pynvml",
-            "ctypes",
-        ),
-        "the DRA plugin uses the plugin's backends, devices and config loader, never its server or a library",
+        ("ix_gpu.webhook", "ix_gpu.plugin", "ix_gpu.cli", "pynvml", "ctypes"),
+        "the device plugin and the DRA plugin are two faces of one node: what both need is in "
+        "ix_gpu.node; chips come through a backend, never a library",
     ),
     (
         "ix_gpu.dra.devices",
@@ -96,14 +96,29 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "the DRA device model is pure of gRPC and the API server",
     ),
     (
-        "ix_gpu.plugin.backends",
-        ("ix_gpu.plugin.server", "ix_gpu.plugin.devices", "ix_gpu.plugin.api", "grpc", "grpclib"),
-        "backends know chips, not the device list or gRPC",
+        "ix_gpu.node.backends",
+        ("ix_gpu.node.devices", "ix_gpu.node.node_config", "ix_gpu.node.node_labels"),
+        "backends know chips, not the device list or the cluster",
+    ),
+    (
+        "ix_gpu.node.devices",
+        (
+            "ix_gpu.runtime.kube",
+            "ix_gpu.runtime.list_watch",
+            "ix_gpu.node.backends.ixml",
+            "ix_gpu.node.backends.nvml",
+            "ix_gpu.node.backends.devfs",
+            "ix_gpu.node.backends.fake",
+            "pynvml",
+            "ctypes",
+        ),
+        "devices are built from what a backend reports (through backends.base): pure of the API "
+        "server and of libraries",
     ),
     (
         "ix_gpu.plugin.devices",
         ("ix_gpu.plugin.server", "ix_gpu.plugin.api", "grpc", "grpclib", "pynvml", "ctypes"),
-        "the device list is pure of gRPC and of management libraries",
+        "the device plugin's allocation is pure of gRPC and of management libraries",
     ),
     # The plugin process serves and registers with grpclib and writes its own metrics text: grpcio
     # and prometheus_client would cost every GPU node about 11 MiB. grpcio (and its generated
@@ -119,7 +134,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
             "ix_gpu.plugin.cli",
             "ix_gpu.plugin.startup",
             "ix_gpu.plugin.commands",
-            "ix_gpu.plugin.backends",
+            "ix_gpu.node",
         )
     ),
     *(
@@ -200,7 +215,9 @@ def test_the_walk_sees_every_layer() -> None:
         "ix_gpu.runtime",
         "ix_gpu.webhook.core",
         "ix_gpu.webhook.service",
-        "ix_gpu.plugin.backends",
+        "ix_gpu.node",
+        "ix_gpu.node.backends",
+        "ix_gpu.node.devices",
         "ix_gpu.plugin.devices",
         "ix_gpu.plugin.server",
         "ix_gpu.plugin.api",
@@ -227,6 +244,8 @@ def test_the_walk_sees_every_layer() -> None:
         ("ix_gpu.config.webhook_config", "from ix_gpu.runtime import kube", "ix_gpu.runtime"),
         ("ix_gpu.config.plugin_config", "from ix_gpu.plugin.server import app", "ix_gpu.plugin"),
         ("ix_gpu.runtime.kube", "from ix_gpu.cli import UsageError", "ix_gpu.cli"),
+        ("ix_gpu.runtime.list_watch", "from ix_gpu.node import node_config", "ix_gpu.node"),
+        ("ix_gpu.config.plugin_config", "from ix_gpu.node.devices import sharing", "ix_gpu.node"),
         ("ix_gpu.plugin.devices.allocation", "import grpc", "grpc"),
         ("ix_gpu.plugin.devices.allocation", "from grpclib.const import Status", "grpclib"),
         ("ix_gpu.plugin.server.servicer", "import grpc", "grpc"),
@@ -238,9 +257,16 @@ def test_the_walk_sees_every_layer() -> None:
         ),
         ("ix_gpu.plugin.server.metrics", "from prometheus_client import Counter", "prometheus_client"),
         ("ix_gpu.plugin.cli", "import prometheus_client", "prometheus_client"),
-        ("ix_gpu.plugin.backends.fake", "from ix_gpu.plugin.devices import device_list", "devices"),
+        ("ix_gpu.node.backends.fake", "from ix_gpu.node.devices import device_list", "devices"),
+        ("ix_gpu.node.devices.cdi", "from ix_gpu.node.backends import ixml", "ixml"),
+        ("ix_gpu.node.devices.health", "import ctypes", "ctypes"),
+        ("ix_gpu.node.node_config", "from ix_gpu.plugin.server import app", "ix_gpu.plugin"),
+        ("ix_gpu.node.cdi", "from ix_gpu.dra.prepare import Preparer", "ix_gpu.dra"),
+        ("ix_gpu.node.node_labels", "from grpclib.server import Server", "grpclib"),
         ("ix_gpu.plugin.server.app", "from ix_gpu.dra import devices", "ix_gpu.dra"),
         ("ix_gpu.dra.app", "from ix_gpu.plugin.server.registration import Registrar", "registration"),
+        ("ix_gpu.dra.prepare", "from ix_gpu.plugin.devices.allocation import allocate", "ix_gpu.plugin"),
+        ("ix_gpu.dra.app", "def f():\n    from ix_gpu.plugin import cli\n", "ix_gpu.plugin"),
         ("ix_gpu.dra.servicer", "import grpc", "grpc"),
         ("ix_gpu.dra.app", "from ix_gpu.dra.api import dra_v1_pb2_grpc", "pb2_grpc"),
         ("ix_gpu.dra.devices", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime.kube"),

@@ -468,7 +468,7 @@ class PluginConfig(StrictModel):
     @property
     def replicas(self) -> int:
         """The Iluvatar plugin's ``sharing.timeSlicing.replicas``; what a resource gets is decided per
-        resource by :func:`ix_gpu.plugin.devices.sharing.plan_sharing`."""
+        resource by :func:`ix_gpu.node.devices.sharing.plan_sharing`."""
         return self.sharing.time_slicing.replicas
 
     def notices(self) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ The ``ix-config`` schema (:mod:`ix_gpu.config.plugin_config`: our format and NVI
 with field and line) is pydantic, and pydantic with those models costs a process about 12 MiB. The
 plugin runs on every GPU node for months, so it holds only this compiled form:
 :meth:`PluginConfig.runtime` makes it after validation, which the plugin does in a short-lived
-child process (:mod:`ix_gpu.plugin.server.config_loader`). Everything here is importable without
+child process (:mod:`ix_gpu.node.config_loader`). Everything here is importable without
 pydantic; ``tests/plugin/test_plugin_process.py`` checks that the process never imports it.
 """
 

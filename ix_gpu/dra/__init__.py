@@ -1,6 +1,6 @@
 """The DRA kubelet plugin (``ix-gpu dra``): Dynamic Resource Allocation, ``resource.k8s.io/v1``.
 
-It sits beside the device plugin, on the same device model and discovery backends:
+It sits beside the device plugin, on the same node layer (:mod:`ix_gpu.node`):
 
 - :mod:`.devices`: chips → the devices a ResourceSlice lists (names, attributes, capacity, taints);
   pure, no I/O.
@@ -11,8 +11,7 @@ It sits beside the device plugin, on the same device model and discovery backend
 - :mod:`.servicer`, :mod:`.registration`, :mod:`.app`: the gRPC side (grpclib) and the process.
 - :mod:`.api`: our ``.proto`` text for the kubelet's APIs and the generated stubs.
 
-May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config`, :mod:`ix_gpu.runtime`, the plugin's
-backends and devices (discovery, device grouping, CDI) and its config loader; never the device
-plugin's server, never :mod:`ix_gpu.webhook`, and never a management library: chips come through
-a backend.
+May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config`, :mod:`ix_gpu.runtime` and
+:mod:`ix_gpu.node` (backends, devices, CDI, node config); never :mod:`ix_gpu.plugin`, never
+:mod:`ix_gpu.webhook`, and never a management library: chips come through a backend.
 """

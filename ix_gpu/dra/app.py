@@ -42,8 +42,8 @@ from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devi
 from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
-from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
-from ix_gpu.plugin.server.node_config import FIRST_ANSWER_WAIT, NodeLabelReader, choose, named_configs
+from ix_gpu.node.backends.base import Backend, BackendError, Chip
+from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader, choose, named_configs
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.supervision import Supervised, supervise

@@ -5,7 +5,7 @@ plugin that prepared it was restarted; without this file the new process would n
 spec to remove. It also makes Prepare cheap and stable when the kubelet retries: the answer is the
 one given the first time.
 
-Written atomically (temporary file, fsync, rename, as :func:`ix_gpu.plugin.devices.cdi.write_spec`
+Written atomically (temporary file, fsync, rename, as :func:`ix_gpu.node.devices.cdi.write_spec`
 writes a CDI spec), after the CDI spec on prepare and after the spec's removal on unprepare: a
 crash in between leaves at worst a spec with no record, and Unprepare removes a claim's spec by its
 path, record or not. A file that cannot be read is moved aside, not trusted and not fatal: the
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ix_gpu.plugin.devices.cdi import write_atomic
+from ix_gpu.node.devices.cdi import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ validated in worker threads, both through one child interpreter (:func:`ix_gpu.r
 shared_child`, so pydantic is imported once), while this thread imports the serving side.
 
 ``--config DIR`` is the device plugin's directory of named configs: the node label
-``ix-gpu.io/device-plugin.config`` picks one at start (:mod:`ix_gpu.plugin.server.node_config`).
+``ix-gpu.io/device-plugin.config`` picks one at start (:mod:`ix_gpu.node.node_config`).
 Unlike the device plugin, ``ix-gpu dra`` does not switch configs while it runs: a new config can
 rename every device of the pool (``splitboard``) under claims already allocated, so it applies on
 the next start, and the app warns when the label comes to pick another config.
@@ -23,18 +23,18 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ix_gpu.plugin.backends import BACKENDS  # light: no backend module is imported here
+from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
 from ix_gpu.runtime.usage import UsageError, add_log_level, set_env_name
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
-    from ix_gpu.plugin.backends.base import Backend
+    from ix_gpu.node.backends.base import Backend
     from ix_gpu.runtime.kube import ApiServer
 
 DEFAULT_DRIVER = "gpu.iluvatar.com"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-DEFAULT_CDI_DIR = "/var/run/cdi"  # = ix_gpu.plugin.devices.cdi.DEFAULT_CDI_DIR
+DEFAULT_CDI_DIR = "/var/run/cdi"  # = ix_gpu.node.devices.cdi.DEFAULT_CDI_DIR
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # the device plugin's
 PLUGIN_CONFIG_ENV = "IX_GPU_PLUGIN_CONFIG"  # the device plugin's --config variable: one ix-config
 UNHEALTHY_MODES = ("taint", "remove")  # = ix_gpu.dra.devices.UNHEALTHY_MODES, without the import
@@ -182,13 +182,13 @@ def run_dra(args: argparse.Namespace) -> int:
         raise UsageError("--default-config needs --config DIR (a directory of named configs)")
     api = _connect(args.kubeconfig)
 
-    from ix_gpu.plugin.backends.base import BackendError
+    from ix_gpu.node.backends.base import BackendError
 
     with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="dra-start") as pool:
         starting = pool.submit(_start_backend, args)
         node_reader, label, config_path = None, None, Path(args.config) if args.config else None
         if config_dir is not None:
-            from ix_gpu.plugin.server.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
+            from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
 
             node_reader = NodeLabelReader(api, args.node_name).start_and_wait(FIRST_ANSWER_WAIT)
             label = node_reader.value()  # None when unlabelled, or unreadable for now: the default
@@ -235,7 +235,7 @@ def run_dra(args: argparse.Namespace) -> int:
 
 
 def _start_backend(args: argparse.Namespace) -> Backend:
-    from ix_gpu.plugin.backends import make_backend
+    from ix_gpu.node.backends import make_backend
 
     return make_backend(
         args.backend,
@@ -246,7 +246,7 @@ def _start_backend(args: argparse.Namespace) -> Backend:
 
 def _chosen_config(directory: Path, label: str | None, default: str | None) -> Path:
     """The named config that ``label`` (the node's config label; None: none) or the default picks."""
-    from ix_gpu.plugin.server.node_config import choose, named_configs
+    from ix_gpu.node.node_config import choose, named_configs
 
     try:
         names = named_configs(directory)
@@ -262,7 +262,7 @@ def _load_config(path: Path | None, default_location: bool) -> RuntimeConfig:
     """The ix-config's runtime form (validated in a child; see the device plugin's config loader).
     ``path`` None: :data:`DEFAULT_CONFIG` when it exists, else the built-in defaults."""
     from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-    from ix_gpu.plugin.server.config_loader import DEFAULTS_SOURCE, load_runtime_config
+    from ix_gpu.node.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
     path = path or Path(DEFAULT_CONFIG)
     try:

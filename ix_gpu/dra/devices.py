@@ -1,7 +1,7 @@
 """From chips to the devices of a ResourceSlice (``resource.k8s.io/v1``): names, attributes,
 capacity and health taints. Pure: no I/O, no gRPC.
 
-The unit is the device plugin's (:func:`ix_gpu.plugin.devices.device_list.physical_devices`): one
+The unit is the device plugin's (:func:`ix_gpu.node.devices.device_list.physical_devices`): one
 device per chip with ``splitboard: true``, one per board otherwise, so the two plugins agree on
 what a pod may own. Time-slicing replicas have no DRA form: pods that share a GPU reference one
 ResourceClaim.
@@ -31,8 +31,8 @@ from typing import Any, Literal
 
 from ix_gpu.devicemodel.labels import gpu_product_value, label_value
 from ix_gpu.devicemodel.vendors import Vendor
-from ix_gpu.plugin.backends.base import Chip
-from ix_gpu.plugin.devices.device_list import PhysicalDevice, physical_devices
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.node.devices.device_list import PhysicalDevice, physical_devices
 
 UnhealthyMode = Literal["taint", "remove"]
 UNHEALTHY_MODES: tuple[UnhealthyMode, ...] = ("taint", "remove")

@@ -1,7 +1,7 @@
 """NodePrepareResources and NodeUnprepareResources for one claim: CDI spec, checkpoint, idempotency.
 
 Prepare writes one CDI spec per claim (``<cdi dir>/<kind>-claim-<uid>.json``, built by
-:func:`ix_gpu.plugin.devices.cdi.cdi_spec`, so the device nodes, control nodes and driver mount are
+:func:`ix_gpu.node.devices.cdi.cdi_spec`, so the device nodes, control nodes and driver mount are
 the device plugin's) and answers CDI device IDs ``<kind>=<claim uid>-<device>``. The claim uid in
 each name keeps them unique across spec files of one kind, which CDI requires, and apart from the
 device plugin's own spec. The visible-devices variable goes into the claim's spec: there is no
@@ -28,8 +28,8 @@ from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from ix_gpu.dra.claims import ClaimError, ClaimRef, allocated
 from ix_gpu.dra.devices import DraDevice
-from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, qualified_name, write_spec
-from ix_gpu.plugin.devices.device_list import Device, DeviceList
+from ix_gpu.node.devices.cdi import CdiError, cdi_spec, qualified_name, write_spec
+from ix_gpu.node.devices.device_list import Device, DeviceList
 
 log = logging.getLogger(__name__)
 

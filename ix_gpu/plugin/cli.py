@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ix_gpu.plugin.backends import BACKENDS  # light: no backend module is imported here
+from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
 from ix_gpu.runtime.usage import add_log_level, port_number, set_env_name
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"

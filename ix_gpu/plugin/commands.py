@@ -14,8 +14,8 @@ from ix_gpu.runtime.usage import UsageError
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
-    from ix_gpu.plugin.backends.base import Backend
-    from ix_gpu.plugin.devices.device_list import DeviceList
+    from ix_gpu.node.backends.base import Backend
+    from ix_gpu.node.devices.device_list import DeviceList
 
 
 class Discovered(NamedTuple):
@@ -28,9 +28,9 @@ class Discovered(NamedTuple):
 def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
     """Config, backend and the device list the plugin would advertise; None after printing why
     not (the environment, not the command line: exit 1)."""
-    from ix_gpu.plugin.backends.base import BackendError
-    from ix_gpu.plugin.devices.device_list import build_device_list
-    from ix_gpu.plugin.devices.sharing import plan_sharing
+    from ix_gpu.node.backends.base import BackendError
+    from ix_gpu.node.devices.device_list import build_device_list
+    from ix_gpu.node.devices.sharing import plan_sharing
 
     config = load_config(args).config
     try:
@@ -57,7 +57,7 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
 
 
 def run_labels_prune(args: argparse.Namespace) -> int:
-    from ix_gpu.plugin.server.node_labels import prune_node_labels
+    from ix_gpu.node.node_labels import prune_node_labels
 
     api = connect(args.kubeconfig)
     if api is None:
@@ -108,7 +108,7 @@ def run_devices(args: argparse.Namespace) -> int:
 
 def run_cdi_generate(args: argparse.Namespace) -> int:
     from ix_gpu.config.k8s_names import absolute_path
-    from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, render, spec_path, write_spec
+    from ix_gpu.node.devices.cdi import CdiError, cdi_spec, render, spec_path, write_spec
 
     # The spec's hostPaths are read by the container runtime, relative to nothing we know.
     if args.driver_root is not None and (problems := absolute_path(args.driver_root)):

@@ -19,9 +19,9 @@ from ix_gpu.runtime.usage import UsageError
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
-    from ix_gpu.plugin.backends.base import Backend
+    from ix_gpu.node.backends.base import Backend
+    from ix_gpu.node.node_config import NodeLabelReader
     from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
-    from ix_gpu.plugin.server.node_config import NodeLabelReader
     from ix_gpu.runtime.kube import ApiServer
 
 
@@ -36,7 +36,7 @@ def load_config(args: argparse.Namespace, label: str | None = None) -> LoadedCon
     """The config to start with; from a directory, the one ``label`` (the node's config label)
     or the default picks."""
     from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-    from ix_gpu.plugin.server.config_loader import DEFAULTS_SOURCE, load_runtime_config
+    from ix_gpu.node.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
     path = Path(args.config) if args.config else Path(DEFAULT_CONFIG)
     if not args.config and not path.exists():
@@ -47,7 +47,7 @@ def load_config(args: argparse.Namespace, label: str | None = None) -> LoadedCon
     if args.default_config and not path.is_dir():
         raise UsageError("--default-config needs --config DIR (a directory of named configs)")
     if path.is_dir():
-        from ix_gpu.plugin.server.node_config import choose, named_configs
+        from ix_gpu.node.node_config import choose, named_configs
 
         choice = choose(named_configs(path), label, args.default_config)
         if choice.name is None:
@@ -61,8 +61,8 @@ def load_config(args: argparse.Namespace, label: str | None = None) -> LoadedCon
 
 
 def start_backend(args: argparse.Namespace) -> Backend:
-    from ix_gpu.plugin.backends import make_backend
-    from ix_gpu.plugin.backends.base import BackendError
+    from ix_gpu.node.backends import make_backend
+    from ix_gpu.node.backends.base import BackendError
 
     if args.backend == "fake" and not args.fake_devices:
         raise UsageError("--backend fake needs --fake-devices FILE")
@@ -118,7 +118,7 @@ def run_plugin(args: argparse.Namespace) -> int:
             logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
             return 1
 
-    from ix_gpu.plugin.devices.sharing import plan_sharing
+    from ix_gpu.node.devices.sharing import plan_sharing
 
     for note in plan_sharing(config, backend.vendor.resource_name).notes:
         logging.getLogger("ix_gpu.plugin").warning("config %s: %s", config_path, note)
@@ -167,7 +167,7 @@ def node_config_reader(
             config_dir,
         )
         return None
-    from ix_gpu.plugin.server.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
+    from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
 
     return NodeLabelReader(api_server, node_name).start_and_wait(FIRST_ANSWER_WAIT)
 
@@ -192,7 +192,7 @@ def allocation_gate(
                 "allocation label and the driver's ResourceSlices decide what is advertised"
             )
         if reader is None:
-            from ix_gpu.plugin.server.node_config import NodeLabelReader
+            from ix_gpu.node.node_config import NodeLabelReader
 
             reader = NodeLabelReader(api_server, node_name)
     if reader is None:

@@ -21,7 +21,7 @@ from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.config.schema_base import parse_yaml
 from ix_gpu.config.webhook_config import load_config
 from ix_gpu.config.yaml_input import load_yaml, load_yaml_documents
-from ix_gpu.plugin.backends.fake_devices import FakeDevices, parse_fake_devices
+from ix_gpu.node.backends.fake_devices import FakeDevices, parse_fake_devices
 from tests.support.paths import EXAMPLES
 from tests.support.yaml_bombs import laughs
 

@@ -14,7 +14,7 @@ from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import dra_v1_pb2_grpc as dra_grpc
 from ix_gpu.dra.app import DraApp, DraSettings
 from ix_gpu.dra.devices import UnhealthyMode
-from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.node.backends.fake import FakeBackend
 from ix_gpu.runtime.kube import ApiServer
 from tests.support.waiting import wait_until_async
 

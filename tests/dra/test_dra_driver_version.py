@@ -18,8 +18,8 @@ import pytest
 
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.dra.devices import attributes, dra_devices
-from ix_gpu.plugin.backends.ixml import IxmlBackend
-from ix_gpu.plugin.backends.nvml import NvmlBackend
+from ix_gpu.node.backends.ixml import IxmlBackend
+from ix_gpu.node.backends.nvml import NvmlBackend
 
 STUB = Path(__file__).resolve().parents[1] / "plugin" / "fake_ixml.c"
 
@@ -90,7 +90,7 @@ def test_ixml_without_a_driver_version_publishes_none_and_says_so_once(
 ) -> None:
     monkeypatch.delenv("FAKE_IXML_DRIVER_VERSION", raising=False)
     failing = IxmlBackend(root=tmp_path, library=ctypes.CDLL(str(stand_ins[0])))
-    with caplog.at_level(logging.WARNING, logger="ix_gpu.plugin.backends.ixml"):
+    with caplog.at_level(logging.WARNING, logger="ix_gpu.node.backends.ixml"):
         for _ in range(3):
             chips = failing.chips()
     assert {c.driver_version for c in chips} == {""}

@@ -15,7 +15,7 @@ import pytest
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.dra.app import DraApp
 from ix_gpu.dra.slices import RESOURCE_SLICES
-from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.node.backends.fake import FakeBackend
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, running, settings

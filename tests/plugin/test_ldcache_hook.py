@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ix_gpu.plugin.devices.ldcache_hook import ldcache_hook
+from ix_gpu.node.devices.ldcache_hook import ldcache_hook
 
 HERE = Path(__file__).parent
 LIBRARY_DIR = "/usr/local/corex/lib64"

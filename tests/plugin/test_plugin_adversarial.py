@@ -35,10 +35,10 @@ import ix_gpu.plugin.devices.allocation as allocation
 from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy, RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR
+from ix_gpu.node.devices.device_list import Device, DeviceList, build_device_list
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
-from ix_gpu.plugin.devices.device_list import Device, DeviceList, build_device_list
 from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.servicer import DevicePluginServicer

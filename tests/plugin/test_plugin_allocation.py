@@ -7,8 +7,8 @@ import pytest
 from ix_gpu.config.plugin_config import parse_plugin_config
 from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
+from ix_gpu.node.devices.device_list import DeviceList, build_device_list
 from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
-from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
 from tests.support.chips import chips
 
 

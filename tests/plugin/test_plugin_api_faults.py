@@ -14,9 +14,9 @@ import pytest
 
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.plugin.backends.fake import FakeBackend
+from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.node_labels import NodeLabeler
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
-from ix_gpu.plugin.server.node_labels import NodeLabeler
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
-from ix_gpu.plugin.backends import make_backend
-from ix_gpu.plugin.backends.base import BackendError
-from ix_gpu.plugin.backends.devfs import DevfsBackend
-from ix_gpu.plugin.devices.device_list import build_device_list
+from ix_gpu.node.backends import make_backend
+from ix_gpu.node.backends.base import BackendError
+from ix_gpu.node.backends.devfs import DevfsBackend
+from ix_gpu.node.devices.device_list import build_device_list
 
 HERE = Path(__file__).resolve().parent
 
@@ -213,7 +213,7 @@ class FakeNvml:
 
 
 def test_nvml_boards_numa_and_lost_gpu(tmp_path: Path) -> None:
-    from ix_gpu.plugin.backends.nvml import NvmlBackend
+    from ix_gpu.node.backends.nvml import NvmlBackend
 
     dev = tmp_path / "sys/bus/pci/devices/0000:3c:00.0"
     dev.mkdir(parents=True)
@@ -243,7 +243,7 @@ def test_nvml_without_the_driver_fails_before_importing_pynvml() -> None:
     import ctypes
     import sys
 
-    from ix_gpu.plugin.backends.nvml import NVML_LIBRARY
+    from ix_gpu.node.backends.nvml import NVML_LIBRARY
 
     try:
         ctypes.CDLL(NVML_LIBRARY)
@@ -253,8 +253,8 @@ def test_nvml_without_the_driver_fails_before_importing_pynvml() -> None:
         pytest.skip(f"{NVML_LIBRARY} is installed on this machine")
     probe = (
         "import sys\n"
-        "from ix_gpu.plugin.backends import make_backend\n"
-        "from ix_gpu.plugin.backends.base import BackendError\n"
+        "from ix_gpu.node.backends import make_backend\n"
+        "from ix_gpu.node.backends.base import BackendError\n"
         "try:\n"
         "    make_backend('nvml')\n"
         "except BackendError as exc:\n"

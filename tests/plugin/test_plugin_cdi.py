@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
-from ix_gpu.plugin.backends.base import Chip
-from ix_gpu.plugin.devices.cdi import (
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.node.devices.cdi import (
     CdiError,
     cdi_spec,
     device_name,
@@ -23,8 +23,8 @@ from ix_gpu.plugin.devices.cdi import (
     spec_path,
     write_spec,
 )
-from ix_gpu.plugin.devices.device_list import build_device_list
-from ix_gpu.plugin.devices.ldcache_hook import ldcache_hook
+from ix_gpu.node.devices.device_list import build_device_list
+from ix_gpu.node.devices.ldcache_hook import ldcache_hook
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "cdi-spec.schema.json").read_text())
 

@@ -108,8 +108,8 @@ def test_the_plugin_validates_its_config_once_at_start(
     start budget), then again. Now once, and cluster access is asked for after it, only when the
     config enables labels (here: not in a cluster, so none)."""
     from ix_gpu.cli import build_parser
+    from ix_gpu.node import config_loader
     from ix_gpu.plugin import startup
-    from ix_gpu.plugin.server import config_loader
     from ix_gpu.runtime import json_logging
     from ix_gpu.runtime.usage import UsageError
     from tests.support.paths import FAKE_DEVICES

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ix_gpu.plugin.backends.base import BackendError, Chip, decode_ixml_health
-from ix_gpu.plugin.backends.fake import FakeBackend
-from ix_gpu.plugin.devices.device_list import build_device_list
+from ix_gpu.node.backends.base import BackendError, Chip, decode_ixml_health
+from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.devices.device_list import build_device_list
 from tests.support.paths import FAKE_DEVICES
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ix_gpu.plugin.backends.base import Chip
-from ix_gpu.plugin.devices.device_list import build_device_list
-from ix_gpu.plugin.devices.health import HealthTracker
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.node.devices.device_list import build_device_list
+from ix_gpu.node.devices.health import HealthTracker
 
 A = Chip("GPU-a", 0, 0, "b0", 0, "BI-V150", 32768, 0)
 B = Chip("GPU-b", 1, 1, "b0", 1, "BI-V150", 32768, 0)

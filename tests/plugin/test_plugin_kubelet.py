@@ -20,8 +20,8 @@ import pytest
 from h2.connection import H2Connection
 
 from ix_gpu.config.plugin_config import load_plugin_config
+from ix_gpu.node.backends.fake import FakeBackend
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
-from ix_gpu.plugin.backends.fake import FakeBackend
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 from ix_gpu.plugin.server.registration import CLOSED_STREAMS_KEPT

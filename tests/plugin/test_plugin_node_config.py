@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ix_gpu.plugin.server.node_config import choose, named_configs
+from ix_gpu.node.node_config import choose, named_configs
 
 
 def test_a_mounted_configmap_directory_lists_its_keys_not_its_symlink_plumbing(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ import pytest
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.config.webhook_config import default_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.plugin.backends.base import Chip
-from ix_gpu.plugin.backends.fake import FakeBackend
-from ix_gpu.plugin.devices.device_list import build_device_list
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.devices.device_list import build_device_list
+from ix_gpu.node.node_labels import node_labels, prune_node_labels
 from ix_gpu.plugin.server.app import PluginApp, PluginSettings
-from ix_gpu.plugin.server.node_labels import node_labels, prune_node_labels
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import NamespaceFacts

@@ -196,7 +196,7 @@ def test_the_process_never_imports_grpcio_prometheus_client_or_pydantic(
     heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
     assert not heavy, f"the plugin process imported {heavy}"
     # The validation did run, in the children.
-    assert {"ix_gpu.config.plugin_config", "ix_gpu.plugin.backends.fake_devices"} <= imported
+    assert {"ix_gpu.config.plugin_config", "ix_gpu.node.backends.fake_devices"} <= imported
 
 
 @pytest.mark.parametrize(

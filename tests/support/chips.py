@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ix_gpu.plugin.backends.base import Chip
+from ix_gpu.node.backends.base import Chip
 
 
 def chips(boards: int, per_board: int = 2, numa_of: Sequence[int | None] = (0, 0, 1, 1)) -> list[Chip]:

@@ -1,6 +1,5 @@
-"""What the plugin advertises and allocates: the resource-manager side of the plugin.
+"""What the device plugin hands out: Allocate's answer (device specs or CDI names, the
+visible-devices variable, replica policy) and the advertised list's state between health changes.
 
-Builds the device list (boards, split chips, time-slicing replicas) from the chips a backend
-reports, tracks health with recovery hysteresis, and answers allocation questions. Pure of gRPC and
-of any management library: it sees backends only through :mod:`ix_gpu.plugin.backends.base`.
+Built on :mod:`ix_gpu.node.devices`. Pure of gRPC and of any management library.
 """

@@ -17,8 +17,8 @@ from ix_gpu.devicemodel.plugin_runtime import (
     RuntimeConfig,
 )
 from ix_gpu.devicemodel.vendors import Vendor
-from ix_gpu.plugin.devices.cdi import qualified_name
-from ix_gpu.plugin.devices.device_list import Device, DeviceList, PhysicalDevice
+from ix_gpu.node.devices.cdi import qualified_name
+from ix_gpu.node.devices.device_list import Device, DeviceList, PhysicalDevice
 
 log = logging.getLogger(__name__)
 

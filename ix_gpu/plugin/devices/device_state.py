@@ -13,7 +13,7 @@ from functools import partial
 
 from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
 from ix_gpu.devicemodel.vendors import Vendor
-from ix_gpu.plugin.devices.device_list import Device, DeviceList
+from ix_gpu.node.devices.device_list import Device, DeviceList
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

@@ -27,7 +27,7 @@ from ix_gpu.devicemodel.allocation import Verdict, device_plugin_verdict
 from ix_gpu.runtime.list_watch import ApiGone, ApiListWatch, WatchedCache
 
 if TYPE_CHECKING:
-    from ix_gpu.plugin.server.node_config import NodeLabelReader
+    from ix_gpu.node.node_config import NodeLabelReader
     from ix_gpu.runtime.kube import ApiServer
 
 log = logging.getLogger(__name__)

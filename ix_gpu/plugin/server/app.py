@@ -24,23 +24,23 @@ from typing import TYPE_CHECKING
 
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_runtime import DeviceListStrategy, RuntimeConfig
-from ix_gpu.plugin.backends.base import Backend, BackendError, Chip
-from ix_gpu.plugin.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
-from ix_gpu.plugin.devices.device_list import DeviceList, build_device_list
-from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
-from ix_gpu.plugin.devices.health import HealthTracker
-from ix_gpu.plugin.devices.sharing import SharingPlan, plan_sharing
-from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
-from ix_gpu.plugin.server.config_loader import load_runtime_config
-from ix_gpu.plugin.server.metrics import PluginMetrics
-from ix_gpu.plugin.server.node_config import (
+from ix_gpu.node.backends.base import Backend, BackendError, Chip
+from ix_gpu.node.config_loader import load_runtime_config
+from ix_gpu.node.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
+from ix_gpu.node.devices.device_list import DeviceList, build_device_list
+from ix_gpu.node.devices.health import HealthTracker
+from ix_gpu.node.devices.sharing import SharingPlan, plan_sharing
+from ix_gpu.node.node_config import (
     FIRST_ANSWER_WAIT,
     Choice,
     NodeLabelReader,
     choose,
     named_configs,
 )
-from ix_gpu.plugin.server.node_labels import NodeLabeler, node_labels
+from ix_gpu.node.node_labels import NodeLabeler, node_labels
+from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
+from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
+from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.runtime.outcomes import ERROR

@@ -6,7 +6,7 @@ and the runtime applies the edits a spec file under ``/var/run/cdi`` lists for t
 spec has one CDI device per advertised device (time-slicing replicas included, so any ID the
 kubelet hands back resolves), each with its chips' device nodes; the edits every device shares
 are the control nodes, the driver root mounted read-only, and a hook that adds the driver's library
-directory to the container's linker cache (:mod:`ix_gpu.plugin.devices.ldcache_hook`).
+directory to the container's linker cache (:mod:`ix_gpu.node.devices.ldcache_hook`).
 
 What is not in the spec: any environment variable. A CDI ``env`` edit sets a variable, and the
 runtime applies CDI edits last, so ``LD_LIBRARY_PATH`` in the spec replaced the image's value, the
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ix_gpu.devicemodel.vendors import Vendor
-from ix_gpu.plugin.devices.device_list import DeviceList
-from ix_gpu.plugin.devices.ldcache_hook import ldcache_hook
+from ix_gpu.node.devices.device_list import DeviceList
+from ix_gpu.node.devices.ldcache_hook import ldcache_hook
 
 CDI_VERSION = "0.5.0"
 """The oldest version with every field we write; runtimes refuse specs newer than they know, and

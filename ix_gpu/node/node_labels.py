@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.devicemodel import labels
-from ix_gpu.plugin.devices.device_list import DeviceList
+from ix_gpu.node.devices.device_list import DeviceList
 from ix_gpu.runtime.backoff import Backoff
 
 if TYPE_CHECKING:

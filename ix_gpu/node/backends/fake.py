@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.vendors import VENDORS, Vendor
-from ix_gpu.plugin.backends.base import BackendError, Chip
+from ix_gpu.node.backends.base import BackendError, Chip
 from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
 from ix_gpu.runtime.reload import LastGoodFiles
 
@@ -37,7 +37,7 @@ def scan_isolated(content: bytes | str, source: str) -> FakeScan:
 
 
 def _scan(content: bytes | str, source: str) -> FakeScan:  # runs in the child
-    from ix_gpu.plugin.backends.fake_devices import scan
+    from ix_gpu.node.backends.fake_devices import scan
 
     return scan(content, source)
 

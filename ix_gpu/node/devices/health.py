@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ix_gpu.plugin.backends.base import Chip
-from ix_gpu.plugin.devices.device_list import PhysicalDevice
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.node.devices.device_list import PhysicalDevice
 
 log = logging.getLogger(__name__)
 

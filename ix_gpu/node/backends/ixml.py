@@ -2,7 +2,7 @@
 
 libixml exports NVML's C names (``nvmlInit_v2``, ``nvmlDeviceGetUUID``, ...) plus Iluvatar
 additions, of which we use ``ixmlDeviceGetBoardPosition`` (which chip names a board) and
-``ixmlDeviceGetHealth`` (a bitmask, decoded by :func:`ix_gpu.plugin.backends.base.decode_ixml_health`).
+``ixmlDeviceGetHealth`` (a bitmask, decoded by :func:`ix_gpu.node.backends.base.decode_ixml_health`).
 The driver version (``nvmlSystemGetDriverVersion``, optional) is read once per discovery, for all
 chips: the DRA plugin publishes it as a device attribute.
 ctypes rather than a compiled extension keeps the image free of a toolchain and lets the tests
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_gpu.devicemodel.vendors import ILUVATAR, Vendor
-from ix_gpu.plugin.backends.base import (
+from ix_gpu.node.backends.base import (
     PCI_DEVICES,
     BackendError,
     Chip,

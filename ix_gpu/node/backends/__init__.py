@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ix_gpu.plugin.backends.base import Backend, BackendError
+from ix_gpu.node.backends.base import Backend, BackendError
 
 log = logging.getLogger(__name__)
 
@@ -24,19 +24,19 @@ def make_backend(kind: str, *, fake_devices: Path | None = None, root: Path = Pa
     if kind == "fake":
         if fake_devices is None:
             raise ValueError("--backend fake needs --fake-devices FILE")
-        from ix_gpu.plugin.backends.fake import FakeBackend
+        from ix_gpu.node.backends.fake import FakeBackend
 
         return FakeBackend(fake_devices)
     if kind == "ixml":
-        from ix_gpu.plugin.backends.ixml import IxmlBackend
+        from ix_gpu.node.backends.ixml import IxmlBackend
 
         return IxmlBackend(root=root)
     if kind == "nvml":
-        from ix_gpu.plugin.backends.nvml import NvmlBackend
+        from ix_gpu.node.backends.nvml import NvmlBackend
 
         return NvmlBackend(root=root)
     if kind == "devfs":
-        from ix_gpu.plugin.backends.devfs import DevfsBackend
+        from ix_gpu.node.backends.devfs import DevfsBackend
 
         return DevfsBackend(root=root)
     if kind == "auto":

@@ -1,6 +1,6 @@
 """The fake backend's devices file: its schema (pydantic) and what a scan of it yields.
 
-Validated in a short-lived child by :class:`ix_gpu.plugin.backends.fake.FakeBackend` (the plugin process
+Validated in a short-lived child by :class:`ix_gpu.node.backends.fake.FakeBackend` (the plugin process
 never imports pydantic), or directly by tests and ``ix-gpu devices``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ix_gpu.config.schema_base import StrictModel, parse_yaml
-from ix_gpu.plugin.backends.base import Chip, decode_ixml_health
-from ix_gpu.plugin.backends.fake import FakeScan
+from ix_gpu.node.backends.base import Chip, decode_ixml_health
+from ix_gpu.node.backends.fake import FakeScan
 
 
 class FakeChip(StrictModel):

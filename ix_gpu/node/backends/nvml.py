@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ix_gpu.devicemodel.vendors import NVIDIA, Vendor
-from ix_gpu.plugin.backends.base import PCI_DEVICES, BackendError, Chip, existing_control_nodes, numa_node
+from ix_gpu.node.backends.base import PCI_DEVICES, BackendError, Chip, existing_control_nodes, numa_node
 
 log = logging.getLogger(__name__)
 

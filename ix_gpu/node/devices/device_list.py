@@ -7,7 +7,7 @@ The vendor plugin's semantics, which operators' capacity planning already relies
 * ``splitboard: true`` — one device per chip, named by the chip's UUID.
 * ``replicas: R`` (R > 1) — each of those devices is advertised R times as ``<id>::<i>``.
   ``replicas: 1`` keeps the plain IDs, so turning sharing off does not rename devices.
-* NVIDIA's ``devices`` selection (see :mod:`ix_gpu.plugin.devices.sharing`) replicates only some
+* NVIDIA's ``devices`` selection (see :mod:`ix_gpu.node.devices.sharing`) replicates only some
   devices; the others keep their plain IDs in the same list, as in NVIDIA's plugin. A chip index or
   UUID selects the device holding that chip: with ``splitboard: false``, the whole board.
 """
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ix_gpu.devicemodel.plugin_runtime import DeviceSelection
-from ix_gpu.plugin.backends.base import Chip
+from ix_gpu.node.backends.base import Chip
 
 REPLICA_SEPARATOR = "::"
 
