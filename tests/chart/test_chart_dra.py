@@ -64,6 +64,22 @@ def test_device_class_selects_our_driver_by_cel() -> None:
     assert "gpu.example.com" in renamed["spec"]["selectors"][0]["cel"]["expression"]
 
 
+def test_extended_resource_name_goes_on_the_device_class_only_when_set() -> None:
+    assert "extendedResourceName" not in find(render(ON), "DeviceClass", "gpu.iluvatar.com")["spec"]
+    values = {"dra": {"enabled": True, "extendedResourceName": "iluvatar.com/gpu"}}
+    device_class = find(render(values), "DeviceClass", "gpu.iluvatar.com")
+    assert device_class["spec"]["extendedResourceName"] == "iluvatar.com/gpu"
+    validate(device_class, version=KUBE_VERSIONS[-1])
+
+
+@pytest.mark.parametrize(
+    "name", ["gpu", "kubernetes.io/gpu", "node.kubernetes.io/gpu", "Iluvatar.com/gpu", "a/b/c"]
+)
+def test_an_extended_resource_name_the_apiserver_would_refuse_is_refused(name: str) -> None:
+    with pytest.raises(HelmError, match="extendedResourceName"):
+        render({"dra": {"enabled": True, "extendedResourceName": name}})
+
+
 def test_rbac_is_exactly_what_each_plugin_calls() -> None:
     objects = render(ON)
     assert find(objects, "ClusterRole", DRA)["rules"] == [

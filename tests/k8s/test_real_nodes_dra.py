@@ -37,13 +37,14 @@ from tests.k8s.real_release import (
     library_pod,
     open_release,
 )
-from tests.support.paths import ROOT
+from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(1500)
 
 RELEASE = "ixd"
 DRIVER = "gpu.iluvatar.com"
+RESOURCE = "iluvatar.com/gpu"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 ALLOCATION_LABEL = "ix-gpu.io/gpu.allocation"
 INJECTED = "ix-gpu.io/injected"
@@ -52,7 +53,8 @@ NODES = {spec.name: spec for spec in REAL_NODES}
 
 def dra_values(images: Images) -> dict[str, Any]:
     values = real_node_chart_values(images)
-    values["dra"] = {"enabled": True}
+    # Pods asking iluvatar.com/gpu, unchanged, get it from DRA where no device plugin offers it.
+    values["dra"] = {"enabled": True, "extendedResourceName": RESOURCE}
     values["plugin"]["config"] = {"flags": {"splitboard": True}}
     # CDI for the device plugin too, so a node relabelled for it serves pods through CDI.
     values["plugin"]["deviceListStrategy"] = "cdi"
@@ -237,6 +239,45 @@ def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip
     assert [d["name"] for d in spec["devices"]] == [f"{uid}-{device}"]
     containerd_log = (release.node("gpu-b").log_dir / "containerd-gpu-b.log").read_text()
     assert f"CDI devices from CRI Config.CDIDevices: [iluvatar.com/gpu={uid}-{device}]" in containerd_log
+
+
+def test_the_seed_pod_unchanged_gets_its_gpu_from_dra_through_the_extended_resource(release: Release) -> None:
+    """The seed's pod asks ``iluvatar.com/gpu: 1`` in its limits, as written. Both nodes are DRA's
+    (the device plugin offers 0 there), and the DeviceClass carries that extended resource name:
+    the scheduler allocates a chip through a claim it makes for the pod (named in the pod's
+    status), the kubelet prepares it through ``ix-gpu dra``, the container opens exactly that chip,
+    and the webhook injected the pod as for any GPU limit."""
+    api = release.api
+    for node in NODES:
+        allocatable = request_ok(api, "GET", f"/api/v1/nodes/{node}")["status"]["allocatable"]
+        assert allocatable.get(RESOURCE, "0") == "0", (node, allocatable)
+    namespace = f"dra-seed-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    seed = load_yaml(EXAMPLES / "gpu-pod.yaml")
+    container = seed["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {RESOURCE: 1}}  # the seed's, untouched below
+    # Its image and command replaced by ours; root, so it may try mknod (the device cgroup decides).
+    container.update(image=release.image, command=["python3", "-c", device_check()], args=[])
+    container["securityContext"] = {"runAsUser": 0}
+    seed["spec"]["terminationGracePeriodSeconds"] = 1
+    request_ok(api, "POST", f"{ns}/pods", seed)
+    pod = wait_running(api, namespace, "corex-example", timeout=120)
+    assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), pod["metadata"]
+    status = pod["status"]["extendedResourceClaimStatus"]
+    (mapping,) = status["requestMappings"]
+    assert (mapping["containerName"], mapping["resourceName"]) == ("corex-example", RESOURCE), status
+    claim = request_ok(
+        api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}"
+    )
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, pod["spec"]["nodeName"]), result
+    print(f"\nextendedResourceClaimStatus: {status}\nallocation: {result}")
+    index = int(result["device"].removeprefix("gpu-"))
+    lines = check_output(release, namespace, "corex-example")
+    assert lines[0] == f"given: /dev/iluvatar{index}", lines
+    assert lines[1] == f"opened: /dev/iluvatar{index}", lines
+    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
+    request_ok(api, "DELETE", ns)
 
 
 CDI_LIBRARY = f"{DRIVER_ROOT}/lib64/libixml.so"
