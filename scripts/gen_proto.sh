@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerate the Python stubs for our .proto files: the device-plugin API
 # (ix_gpu/plugin/api/deviceplugin_v1beta1.proto) and the DRA plugin's node service and plugin
-# registration (ix_gpu/dra/api/dra_v1.proto, ix_gpu/dra/api/pluginregistration_v1.proto).
+# registration and resource health (ix_gpu/dra/api/dra_v1.proto, pluginregistration_v1.proto,
+# dra_health_v1.proto, dra_health_v1alpha1.proto).
 #
 #   scripts/gen_proto.sh            # write next to each .proto
 #   scripts/gen_proto.sh OUTDIR     # write into OUTDIR/<the .proto's folder>/ (the staleness tests do this)
@@ -23,6 +24,8 @@ protos=(
   ix_gpu/plugin/api/deviceplugin_v1beta1.proto
   ix_gpu/dra/api/dra_v1.proto
   ix_gpu/dra/api/pluginregistration_v1.proto
+  ix_gpu/dra/api/dra_health_v1.proto
+  ix_gpu/dra/api/dra_health_v1alpha1.proto
 )
 out="${1:-.}"
 # grpclib's protoc plugin, run by the same interpreter (its console script may not be on PATH).

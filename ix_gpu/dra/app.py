@@ -29,8 +29,10 @@ import contextlib
 import dataclasses
 import logging
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpclib.server import Server
 
@@ -39,6 +41,7 @@ from ix_gpu.devicemodel.allocation import NodeFacts, Verdict, dra_verdict
 from ix_gpu.dra.checkpoint import Checkpoint
 from ix_gpu.dra.claims import ClaimReader
 from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
+from ix_gpu.dra.health_stream import HealthReports, HealthV1alpha1Servicer, HealthV1Servicer
 from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
@@ -47,6 +50,9 @@ from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader, choose, 
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.supervision import Supervised, supervise
+
+if TYPE_CHECKING:
+    from grpclib._typing import IServable
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +132,7 @@ class DraApp:
             refusal=lambda: None if self.allocation.allowed else self.allocation.reason,
         )
         self.registration = RegistrationServicer(settings.driver, str(settings.dra_socket))
+        self.health_reports = HealthReports(settings.node, settings.health_interval)
         self.stop = asyncio.Event()
         self._servers: list[tuple[Server, Path]] = []
         self._last_error = ""
@@ -139,14 +146,19 @@ class DraApp:
         GET or the PUT/POST of the slice)."""
         self.node_reader.on_error = lambda _message: self.api_errors.update(("node_read",))
 
-    async def _serve(self, handler: DraServicer | RegistrationServicer, path: Path) -> None:
+    async def _serve(self, handlers: list[IServable], path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket from a previous run would make bind fail
-        server = Server([handler])
+        server = Server(handlers)
         await server.start(path=str(path))
         self._servers.append((server, path))
-        log.info("serving %s on %s", type(handler).__name__, path)
+        log.info("serving %s on %s", ", ".join(type(h).__name__ for h in handlers), path)
+
+    async def _refresh(self) -> None:
+        """:meth:`refresh` in a worker thread, then its health to the kubelet's health streams."""
+        await asyncio.to_thread(self.refresh)
+        await self.health_reports.update(self.devices.values(), time.time())
 
     def refresh(self) -> None:
         """Discover chips once (blocking); a failing backend taints what was known."""
@@ -236,7 +248,7 @@ class DraApp:
 
     async def _health_loop(self) -> None:
         while not self.stop.is_set():
-            await asyncio.to_thread(self.refresh)
+            await self._refresh()
             await asyncio.to_thread(self.check_allocation)
             await asyncio.to_thread(self.publish)
             await asyncio.to_thread(self.claims.close_idle)
@@ -248,12 +260,17 @@ class DraApp:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
-        await asyncio.to_thread(self.refresh)  # devices known before the first Prepare can come
+        await self._refresh()  # devices known before the first Prepare can come
         self.node_reader.start()
         await asyncio.to_thread(self.node_reader.wait_synced, FIRST_ANSWER_WAIT)
         await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
-        await self._serve(DraServicer(self.preparer), self.settings.dra_socket)
-        await self._serve(self.registration, self.settings.registration_socket)
+        node_service: list[IServable] = [
+            DraServicer(self.preparer),
+            HealthV1Servicer(self.health_reports),
+            HealthV1alpha1Servicer(self.health_reports),
+        ]
+        await self._serve(node_service, self.settings.dra_socket)
+        await self._serve([self.registration], self.settings.registration_socket)
         health = asyncio.create_task(supervise(self._health_loop, self.health_loop, self.stop))
         try:
             await self.stop.wait()

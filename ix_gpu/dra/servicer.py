@@ -22,15 +22,17 @@ from ix_gpu.dra.api.dra_v1_grpc import DRAPluginBase
 from ix_gpu.dra.api.pluginregistration_v1_grpc import RegistrationBase
 from ix_gpu.dra.checkpoint import PreparedDevice
 from ix_gpu.dra.claims import ClaimError, ClaimRef
+from ix_gpu.dra.health_stream import HEALTH_SERVICES
 from ix_gpu.dra.prepare import Preparer
 
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-SERVICES = ("v1.DRAPlugin",)
+SERVICES = ("v1.DRAPlugin", *HEALTH_SERVICES)
 """What GetInfo lists in ``supported_versions``: for DRA these are gRPC service names. The
-kubelet (1.34 to 1.37) takes the first it also knows; it knows v1 and v1beta1, and v1 is the one
-served here."""
+kubelet (1.34 to 1.37) takes the first node service it also knows (v1 and v1beta1 exist; v1 is
+served here) and, with ResourceHealthStatus, the newest health service it knows; it ignores the
+names it does not know."""
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")

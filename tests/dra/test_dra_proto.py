@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ix_gpu.dra.api import dra_health_v1_pb2 as health_v1
+from ix_gpu.dra.api import dra_health_v1alpha1_pb2 as health_v1alpha1
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import pluginregistration_v1_pb2 as reg
 from tests.support.generated_code import stale_generated
@@ -16,7 +18,7 @@ from tests.support.generated_code import stale_generated
 API = Path("ix_gpu", "dra", "api")
 GENERATED = tuple(
     f"{stem}{suffix}"
-    for stem in ("dra_v1", "pluginregistration_v1")
+    for stem in ("dra_v1", "pluginregistration_v1", "dra_health_v1", "dra_health_v1alpha1")
     for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_grpc.py")
 )
 
@@ -31,6 +33,11 @@ def test_service_and_method_paths() -> None:
     service = dra.DESCRIPTOR.services_by_name["DRAPlugin"]
     assert service.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+    for module, package in ((health_v1, "v1"), (health_v1alpha1, "v1alpha1")):
+        health = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+        assert health.full_name == f"{package}.DRAResourceHealth"  # the name GetInfo lists, too
+        (method,) = health.methods
+        assert method.name == "NodeWatchResources" and method.server_streaming
     registration = reg.DESCRIPTOR.services_by_name["Registration"]
     assert registration.full_name == "pluginregistration.Registration"
     assert [m.name for m in registration.methods] == ["GetInfo", "NotifyRegistrationStatus"]
@@ -75,3 +82,26 @@ def test_wire_bytes_match_hand_encoding() -> None:
     assert response.SerializeToString() == _len_field(1, _len_field(1, b"u1") + _len_field(2, result_bytes))
     unprepare = dra.NodeUnprepareResourcesResponse(claims={"u1": dra.NodeUnprepareResourceResponse()})
     assert unprepare.SerializeToString() == _len_field(1, _len_field(1, b"u1") + _len_field(2, b""))
+
+
+def test_health_wire_bytes_match_hand_encoding() -> None:
+    """Field numbers and the enum's values, as the kubelet's health API has them (both versions)."""
+    identifier_bytes = _len_field(1, b"node1") + _len_field(2, b"gpu-1")
+    for module in (health_v1, health_v1alpha1):
+        health = module.DeviceHealth(
+            device=module.DeviceIdentifier(pool_name="node1", device_name="gpu-1"),
+            health=module.UNHEALTHY,
+            last_updated_time=100,
+            health_check_timeout_seconds=15,
+            message="hot",
+        )
+        health_bytes = (
+            _len_field(1, identifier_bytes)
+            + bytes([2 << 3, 2, 3 << 3, 100, 4 << 3, 15])
+            + _len_field(5, b"hot")
+        )
+        assert health.SerializeToString() == health_bytes
+        assert module.NodeWatchResourcesResponse(devices=[health]).SerializeToString() == _len_field(
+            1, health_bytes
+        )
+        assert (module.UNKNOWN, module.HEALTHY, module.UNHEALTHY) == (0, 1, 2)

@@ -233,8 +233,7 @@ def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip
     assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
     # The kubelet's CDI device ID for the claim, as containerd logged it, names our spec's device.
     uid = claim["metadata"]["uid"]
-    (spec_file,) = cdi_specs("gpu-b")
-    assert spec_file.name == f"iluvatar.com-gpu-claim-{uid}.json"
+    (spec_file,) = [p for p in cdi_specs("gpu-b") if p.name == f"iluvatar.com-gpu-claim-{uid}.json"]
     spec = json.loads(spec_file.read_text())
     assert [d["name"] for d in spec["devices"]] == [f"{uid}-{device}"]
     containerd_log = (release.node("gpu-b").log_dir / "containerd-gpu-b.log").read_text()
@@ -489,9 +488,12 @@ def test_the_plugin_restarted_between_prepare_and_unprepare_still_cleans_up(rele
         if p["metadata"]["name"] == "v100" and p["metadata"]["namespace"].startswith("dra-")
     ]
     namespace = workload["metadata"]["namespace"]
-    (spec_file,) = cdi_specs("gpu-b")
+    # Its claim's spec (other tests' pods on gpu-b may still be going, with specs of their own).
+    (claim_status,) = workload["status"]["resourceClaimStatuses"]
+    claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    uid = request_ok(api, "GET", f"{claims}/{claim_status['resourceClaimName']}")["metadata"]["uid"]
+    (spec_file,) = [p for p in cdi_specs("gpu-b") if p.name == f"iluvatar.com-gpu-claim-{uid}.json"]
     checkpoint = TIER_ROOT / "gpu-b" / "kubelet" / "plugins" / DRIVER / "checkpoint.json"
-    uid = spec_file.name.removeprefix("iluvatar.com-gpu-claim-").removesuffix(".json")
     assert uid in checkpoint.read_text()
     (plugin,) = [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == "gpu-b"]
     request_ok(api, "DELETE", f"/api/v1/namespaces/ix-gpu-system/pods/{plugin['metadata']['name']}")
@@ -554,6 +556,64 @@ def test_an_unhealthy_chip_is_tainted_in_the_slice_and_no_new_claim_gets_it(rele
         60,
         interval=0.5,
     )
+
+
+def test_an_unhealthy_chip_shows_in_the_status_of_the_pod_using_it(release: Release) -> None:
+    """KEP-4680 through the kubelet's health stream (``v1.DRAResourceHealth``, which GetInfo
+    offers): the chip of a running BI-V100 pod turns unhealthy in the stub, and within 10 s the
+    pod's ``allocatedResourcesStatus`` says Unhealthy for its claim's device, with the reason;
+    healthy again, it says Healthy again within 10 s."""
+    api = release.api
+    selector = f'device.attributes["{DRIVER}"].product == "BI-V100"'
+    namespace, ns = start_claim_pod(release, "dra-health", "watched", selector)
+    pod = wait_running(api, namespace, "watched", timeout=120)
+    device, claim = allocated_device(release, namespace, pod)
+    resource_id = f"{RESOURCE}={claim['metadata']['uid']}-{device}"  # the kubelet names it by CDI ID
+
+    def resource_health() -> dict[str, Any]:
+        found = get_pod(api, namespace, "watched") or {}
+        for status in found.get("status", {}).get("containerStatuses", []):
+            for entry in status.get("allocatedResourcesStatus") or []:
+                for resource in entry["resources"]:
+                    if resource["resourceID"] == resource_id:
+                        return {"name": entry["name"], **resource}
+        return {}
+
+    wait_until(lambda: resource_health().get("health") == "Healthy", "Healthy in the pod's status", 60)
+    print(f"\nallocatedResourcesStatus entry: {resource_health()}")
+    script = TIER_ROOT / "gpu-b" / "corex" / "fake-ixml-devices"
+    healthy = script.read_text()
+    index = int(device.removeprefix("gpu-"))
+    uuid = f"GPU-gpu-b-{index:02d}00-0000-4000-8000-000000000000"
+    lines = healthy.splitlines()
+    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
+    fields = lines[row].split()
+    fields[4] = "4"  # over temperature
+    lines[row] = " ".join(fields)
+    script.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    try:
+        wait_until(
+            lambda: resource_health().get("health") == "Unhealthy",
+            "Unhealthy in the pod's status",
+            10,
+            interval=0.25,
+            details=lambda: str(resource_health()),
+        )
+        print(f"Unhealthy after {time.monotonic() - started:.1f} s: {resource_health()}")
+        assert "over temperature" in resource_health().get("message", ""), resource_health()
+    finally:
+        script.write_text(healthy)
+    started = time.monotonic()
+    wait_until(
+        lambda: resource_health().get("health") == "Healthy",
+        "Healthy again in the pod's status",
+        10,
+        interval=0.25,
+        details=lambda: str(resource_health()),
+    )
+    print(f"Healthy again after {time.monotonic() - started:.1f} s")
+    request_ok(api, "DELETE", ns)
 
 
 def test_the_kubelet_saw_every_prepare_answered_ok_within_2_s(release: Release) -> None:
