@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import UsageError, add_log_level, set_env_name
+from ix_gpu.runtime.usage import UsageError, add_log_level, interval_seconds, set_env_name
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
@@ -38,16 +38,6 @@ DEFAULT_CDI_DIR = "/var/run/cdi"  # = ix_gpu.node.devices.cdi.DEFAULT_CDI_DIR
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # the device plugin's
 PLUGIN_CONFIG_ENV = "IX_GPU_PLUGIN_CONFIG"  # the device plugin's --config variable: one ix-config
 UNHEALTHY_MODES = ("taint", "remove")  # = ix_gpu.dra.devices.UNHEALTHY_MODES, without the import
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 3600, got {text}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -134,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     dra.add_argument(
         "--health-interval",
-        type=_positive,
+        type=interval_seconds,
         default=5.0,
         metavar="SECONDS",
         help="how often devices are discovered and their health checked (default 5)",

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import add_log_level, port_number, set_env_name
+from ix_gpu.runtime.usage import add_log_level, interval_seconds_or_off, port_number, set_env_name
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.config.plugin_config.DEFAULT_PATH, without pydantic
@@ -76,6 +76,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="ADDRESS",
         help="address /healthz and /metrics listen on (default 0.0.0.0, every IPv4 address; "
         "e.g. the pod IP from the downward API where pods share a network namespace)",
+    )
+    plugin.add_argument(
+        "--telemetry-interval",
+        type=interval_seconds_or_off,
+        default=10.0,
+        metavar="SECONDS",
+        help="per-chip figures on /metrics (utilization, memory, temperature, power, clocks, health bits) "
+        "are read at most this often, in a thread of their own; a scrape is answered from the last "
+        "read and never waits on the library (default 10; 0 disables)",
     )
     plugin.add_argument(
         "--kubeconfig",

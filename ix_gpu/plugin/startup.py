@@ -139,6 +139,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         default_config=args.default_config,
         node_config=node_config,
         allocation=allocation,
+        telemetry_interval=args.telemetry_interval,
     )
 
     async def main() -> int:

@@ -106,6 +106,27 @@ def _env_variable(action: argparse.Action) -> str | None:
     return variable
 
 
+def _seconds(text: str, *, zero_allowed: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (value >= 0 if zero_allowed else value > 0) or value > 3600:
+        low = "at least 0" if zero_allowed else "more than 0"
+        raise argparse.ArgumentTypeError(f"must be {low} and at most 3600, got {text}")
+    return value
+
+
+def interval_seconds(text: str) -> float:
+    """An interval flag: more than 0 and at most an hour."""
+    return _seconds(text, zero_allowed=False)
+
+
+def interval_seconds_or_off(text: str) -> float:
+    """An interval flag where 0 turns the thing off."""
+    return _seconds(text, zero_allowed=True)
+
+
 def port_number(text: str) -> int:
     """argparse type for TCP ports; 0 is allowed (where a command says it disables the listener)."""
     try:

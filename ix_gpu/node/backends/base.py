@@ -88,6 +88,12 @@ class Backend(Protocol):
         drivers); every container that gets a GPU gets these too."""
         ...
 
+    def read_telemetry(self, chip: Chip) -> dict[str, float]:
+        """What ``chip`` is doing now, by figure key (:data:`ix_gpu.node.telemetry.FIGURES`, plus
+        ``health_mask``): one library call per figure, a call that fails leaving its figure out.
+        Blocking and possibly slow: only the telemetry reader thread calls it."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -117,5 +117,9 @@ class DevfsBackend:
     def control_nodes(self) -> tuple[str, ...]:
         return existing_control_nodes(self.root, self._vendor)
 
+    def read_telemetry(self, chip: Chip) -> dict[str, float]:
+        """Nothing: sysfs alone tells no GPU figure (each is absent, never 0)."""
+        return {}
+
     def close(self) -> None:
         pass

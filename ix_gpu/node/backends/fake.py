@@ -8,6 +8,7 @@ a symlink swap that neither reliably reports.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ class FakeScan:
     control_nodes: tuple[str, ...]
     library_error: str | None
     chips: tuple[Chip, ...]
+    telemetry: tuple[tuple[str, tuple[tuple[str, float], ...], float], ...] = ()
+    """Per chip: (uuid, its figures, seconds a read of it blocks), as the file gives them."""
 
 
 def scan_isolated(content: bytes | str, source: str) -> FakeScan:
@@ -80,6 +83,17 @@ class FakeBackend:
     def control_nodes(self) -> tuple[str, ...]:
         parsed = self._parsed
         return parsed.control_nodes if parsed is not None else ()
+
+    def read_telemetry(self, chip: Chip) -> dict[str, float]:
+        """The file's figures for ``chip`` (``telemetry`` under it), after its ``hangSeconds``:
+        what the file leaves out is absent, as a call the library fails."""
+        parsed = self._parsed
+        for uuid, figures, hang in parsed.telemetry if parsed is not None else ():
+            if uuid == chip.uuid:
+                if hang > 0:
+                    time.sleep(hang)
+                return dict(figures)
+        return {}
 
     def close(self) -> None:
         pass

@@ -13,6 +13,22 @@ from ix_gpu.config.schema_base import StrictModel, parse_yaml
 from ix_gpu.node.backends.base import Chip, decode_ixml_health
 from ix_gpu.node.backends.fake import FakeScan
 
+MIB = 1024 * 1024
+
+
+class FakeTelemetry(StrictModel):
+    """What the chip reports to a telemetry read; a figure left out is one the library fails."""
+
+    utilization: float | None = Field(default=None, ge=0, le=100)
+    memory_utilization: float | None = Field(default=None, ge=0, le=100)
+    memory_used_mib: float | None = Field(default=None, ge=0, alias="memoryUsedMiB")
+    temperature: float | None = None
+    power_watts: float | None = Field(default=None, ge=0)
+    sm_clock_mhz: float | None = Field(default=None, ge=0, alias="smClockMHz")
+    memory_clock_mhz: float | None = Field(default=None, ge=0, alias="memoryClockMHz")
+    hang_seconds: float = Field(default=0, ge=0, le=3600)
+    """A read of this chip blocks this long first, as a wedged library call does."""
+
 
 class FakeChip(StrictModel):
     uuid: str = Field(min_length=1, max_length=58)
@@ -23,6 +39,7 @@ class FakeChip(StrictModel):
     health: int = Field(default=0, ge=0)
     """ixmlDeviceGetHealth bitmask; 0 is healthy, e.g. 0x4 is over-temperature."""
     pci_bus_id: str = Field(default="", max_length=64, alias="pciBusId")
+    telemetry: FakeTelemetry = Field(default_factory=FakeTelemetry)
 
 
 class FakeBoard(StrictModel):
@@ -48,6 +65,27 @@ class FakeDevices(StrictModel):
         if dupes:
             raise ValueError(f"chip uuids must be unique: {', '.join(dupes)}")
         return self
+
+    def telemetry(self) -> tuple[tuple[str, tuple[tuple[str, float], ...], float], ...]:
+        """Per chip, the figures a telemetry read gives (keys of :data:`ix_gpu.node.telemetry.FIGURES`)."""
+        out = []
+        for board in self.boards:
+            for fake in board.chips:
+                t = fake.telemetry
+                figures = {
+                    "gpu_utilization": t.utilization,
+                    "memory_utilization": t.memory_utilization,
+                    "memory_used_bytes": None if t.memory_used_mib is None else t.memory_used_mib * MIB,
+                    "memory_total_bytes": fake.memory_mib * MIB,
+                    "temperature_celsius": t.temperature,
+                    "power_watts": t.power_watts,
+                    "sm_clock_hertz": None if t.sm_clock_mhz is None else t.sm_clock_mhz * 1e6,
+                    "memory_clock_hertz": None if t.memory_clock_mhz is None else t.memory_clock_mhz * 1e6,
+                    "health_mask": fake.health,
+                }
+                kept = tuple((key, float(value)) for key, value in figures.items() if value is not None)
+                out.append((fake.uuid, kept, t.hang_seconds))
+        return tuple(out)
 
     def to_chips(self) -> list[Chip]:
         chips: list[Chip] = []
@@ -86,4 +124,5 @@ def scan(content: bytes | str, source: str) -> FakeScan:
         control_nodes=parsed.control_nodes,
         library_error=parsed.library_error,
         chips=tuple(parsed.to_chips()),
+        telemetry=parsed.telemetry(),
     )

@@ -45,6 +45,15 @@ class _Memory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class _Utilization(ctypes.Structure):
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+
+
 class _PciInfo(ctypes.Structure):
     _fields_ = [
         ("busIdLegacy", ctypes.c_char * 16),
@@ -118,6 +127,11 @@ class IxmlBackend:
             "ixmlDeviceGetBoardPosition": [ctypes.c_void_p, uint_p],
             "ixmlDeviceGetHealth": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulonglong)],
             "nvmlSystemGetDriverVersion": [ctypes.c_char_p, ctypes.c_uint],
+            # Telemetry (ix_gpu.node.telemetry): each one optional, its figure absent without it.
+            "nvmlDeviceGetUtilizationRates": [ctypes.c_void_p, ctypes.POINTER(_Utilization)],
+            "nvmlDeviceGetTemperature": [ctypes.c_void_p, ctypes.c_int, uint_p],
+            "nvmlDeviceGetPowerUsage": [ctypes.c_void_p, uint_p],
+            "nvmlDeviceGetClockInfo": [ctypes.c_void_p, ctypes.c_int, uint_p],
         }
         missing = []
         for name, argtypes in {**signatures, **optional}.items():
@@ -280,6 +294,39 @@ class IxmlBackend:
 
     def control_nodes(self) -> tuple[str, ...]:
         return existing_control_nodes(self.root, ILUVATAR)
+
+    def read_telemetry(self, chip: Chip) -> dict[str, float]:
+        """One call per figure (:mod:`ix_gpu.node.telemetry`); a call the library lacks or fails
+        leaves its figure out. Power: the header documents milliwatts (ix-exporter reads the
+        value as watts; not confirmed on hardware here), published as watts."""
+        lib, has = self._lib, self._has
+        handle = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByIndex_v2(chip.index, ctypes.byref(handle)) != NVML_SUCCESS:
+            return {}
+        out: dict[str, float] = {}
+        value = ctypes.c_uint()
+        if has["nvmlDeviceGetUtilizationRates"]:
+            rates = _Utilization()
+            if lib.nvmlDeviceGetUtilizationRates(handle, ctypes.byref(rates)) == NVML_SUCCESS:
+                out["gpu_utilization"], out["memory_utilization"] = rates.gpu, rates.memory
+        memory = _Memory()
+        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory)) == NVML_SUCCESS:
+            out["memory_used_bytes"], out["memory_total_bytes"] = memory.used, memory.total
+        temperature = lib.nvmlDeviceGetTemperature if has["nvmlDeviceGetTemperature"] else None
+        if temperature and temperature(handle, NVML_TEMPERATURE_GPU, ctypes.byref(value)) == NVML_SUCCESS:
+            out["temperature_celsius"] = value.value
+        power = lib.nvmlDeviceGetPowerUsage if has["nvmlDeviceGetPowerUsage"] else None
+        if power and power(handle, ctypes.byref(value)) == NVML_SUCCESS:
+            out["power_watts"] = value.value / 1000
+        if has["nvmlDeviceGetClockInfo"]:
+            for key, clock in (("sm_clock_hertz", NVML_CLOCK_SM), ("memory_clock_hertz", NVML_CLOCK_MEM)):
+                if lib.nvmlDeviceGetClockInfo(handle, clock, ctypes.byref(value)) == NVML_SUCCESS:
+                    out[key] = value.value * 1e6
+        if has["ixmlDeviceGetHealth"]:
+            mask = ctypes.c_ulonglong()
+            if lib.ixmlDeviceGetHealth(handle, ctypes.byref(mask)) == NVML_SUCCESS:
+                out["health_mask"] = mask.value
+        return {key: float(v) for key, v in out.items()}
 
     def close(self) -> None:
         self._lib.nvmlShutdown()

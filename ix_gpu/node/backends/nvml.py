@@ -10,6 +10,7 @@ a failing chip stays listed (Unhealthy) instead of vanishing from capacity. The 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,14 @@ log = logging.getLogger(__name__)
 
 def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _rates(rates: Any) -> tuple[float, float]:
+    return float(rates.gpu), float(rates.memory)
+
+
+def _memory(memory: Any) -> tuple[float, float]:
+    return float(memory.used), float(memory.total)
 
 
 def _sysfs_bus_id(bus_id: str) -> str:
@@ -140,6 +149,37 @@ class NvmlBackend:
 
     def control_nodes(self) -> tuple[str, ...]:
         return existing_control_nodes(self.root, NVIDIA)
+
+    def read_telemetry(self, chip: Chip) -> dict[str, float]:
+        """One NVML call per figure (:mod:`ix_gpu.node.telemetry`); one that fails leaves its
+        figure out. NVML reports power in milliwatts and clocks in MHz."""
+        nvml = self.nvml
+        out: dict[str, float] = {}
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(chip.index)
+        except nvml.NVMLError:
+            return out
+        reads: tuple[tuple[tuple[str, ...], Callable[[], tuple[float, ...]]], ...] = (
+            (
+                ("gpu_utilization", "memory_utilization"),
+                lambda: _rates(nvml.nvmlDeviceGetUtilizationRates(handle)),
+            ),
+            (
+                ("memory_used_bytes", "memory_total_bytes"),
+                lambda: _memory(nvml.nvmlDeviceGetMemoryInfo(handle)),
+            ),
+            (("temperature_celsius",), lambda: (nvml.nvmlDeviceGetTemperature(handle, 0),)),
+            (("power_watts",), lambda: (nvml.nvmlDeviceGetPowerUsage(handle) / 1000,)),
+            (("sm_clock_hertz",), lambda: (nvml.nvmlDeviceGetClockInfo(handle, 1) * 1e6,)),
+            (("memory_clock_hertz",), lambda: (nvml.nvmlDeviceGetClockInfo(handle, 2) * 1e6,)),
+        )
+        for keys, read in reads:
+            try:
+                values = read()
+            except (nvml.NVMLError, AttributeError):  # failed, or a binding without the call
+                continue
+            out.update((key, float(value)) for key, value in zip(keys, values, strict=True))
+        return out
 
     def close(self) -> None:
         try:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,9 +38,10 @@ from ix_gpu.node.node_config import (
     named_configs,
 )
 from ix_gpu.node.node_labels import NodeLabeler, node_labels
+from ix_gpu.node.telemetry import Telemetry
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
-from ix_gpu.plugin.server.metrics import PluginMetrics
+from ix_gpu.plugin.server.metrics import PluginMetrics, telemetry_lines
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.runtime.outcomes import ERROR
@@ -77,6 +78,9 @@ class PluginSettings:
     allocation: DevicePluginGate | None = None
     """Whether this node's GPUs are the device plugin's to hand out (the node's
     ``ix-gpu.io/gpu.allocation`` label, the DRA driver's slices); ``None``: always."""
+    telemetry_interval: float = 10.0
+    """How often the chips' telemetry may be read for ``/metrics`` (:mod:`ix_gpu.node.telemetry`);
+    0: none."""
 
 
 class PluginApp:
@@ -94,6 +98,9 @@ class PluginApp:
         self.config = config
         self.backend = backend
         self.metrics = PluginMetrics()
+        self.telemetry = (
+            Telemetry(backend, settings.telemetry_interval) if settings.telemetry_interval > 0 else None
+        )
         self.tracker = HealthTracker(config.recover_after)
         self.backend_error: str | None = None
         self.config_path = settings.config_path
@@ -367,6 +374,13 @@ class PluginApp:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    def telemetry_lines(self) -> Iterable[str]:
+        """The chips' telemetry for ``/metrics`` (none when it is off or no chip is known)."""
+        if self.telemetry is None or not self._chips:
+            return ()
+        node = self.settings.node_name or ""
+        return telemetry_lines(node, self.telemetry.collect(self._chips))
+
     def request_stop(self, why: str) -> None:
         if not self.stop_event.is_set():
             log.info("%s: advertising all devices Unhealthy, then stopping", why)
@@ -385,6 +399,8 @@ class PluginApp:
         await asyncio.to_thread(lambda: all(w.wait_synced(FIRST_ANSWER_WAIT) for w in watches))
         await self.check_once()
         self.ready.set()
+        if self.telemetry is not None and self._chips:
+            self.telemetry.collect(self._chips)  # a first reading before the first scrape
         http_server = None
         if self.settings.metrics_port is not None:
             from ix_gpu.plugin.server.http_endpoints import start_http_server

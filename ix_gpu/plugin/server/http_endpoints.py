@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Protocol
 
 from ix_gpu.plugin.server.metrics import CONTENT_TYPE, PluginMetrics
@@ -33,6 +34,8 @@ class HealthSource(Protocol):
 
     def notes(self) -> list[str]: ...
 
+    def telemetry_lines(self) -> Iterable[str]: ...
+
 
 def routes(app: HealthSource) -> dict[str, Route]:
     def healthz() -> Answer:
@@ -42,7 +45,7 @@ def routes(app: HealthSource) -> dict[str, Route]:
         return 200, _TEXT, "".join(f"{line}\n" for line in ["ok", *app.notes()]).encode()
 
     def metrics() -> Answer:
-        return 200, CONTENT_TYPE, app.metrics.render()
+        return 200, CONTENT_TYPE, app.metrics.render(app.telemetry_lines())
 
     return {"/healthz": healthz, "/metrics": metrics}
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
+from ix_gpu.node.backends.base import IXML_HEALTH_BITS
+from ix_gpu.node.telemetry import FIGURES, HEALTH_MASK, LABELS, ChipTelemetry, chip_labels
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -235,7 +237,37 @@ class PluginMetrics:
             self.loop_crashes,
         )
 
-    def render(self) -> bytes:
-        """The text exposition format, version 0.0.4 (what ``/metrics`` serves)."""
+    def render(self, extra: Iterable[str] = ()) -> bytes:
+        """The text exposition format, version 0.0.4 (what ``/metrics`` serves); ``extra``: more
+        families' lines (the chips' telemetry)."""
         lines = [line for family in self.families() for line in family.render()]
+        lines.extend(extra)
         return ("\n".join(lines) + "\n").encode()
+
+
+def telemetry_lines(node: str, items: Sequence[ChipTelemetry]) -> Iterator[str]:
+    """The chips' figures as gauges (a figure no chip has is left out whole), each chip's decoded
+    health bits where its reading has the mask, and every chip's staleness."""
+    labelled = [(_labels_text(LABELS, chip_labels(node, item.chip)), item) for item in items]
+    for figure in FIGURES:
+        key = figure.key
+        present = [(labels, item.reading[key]) for labels, item in labelled if key in item.reading]
+        if present:
+            yield f"# HELP {figure.metric} {_escape_help(figure.help)}"
+            yield f"# TYPE {figure.metric} gauge"
+            yield from (f"{figure.metric}{labels} {format_value(value)}" for labels, value in present)
+    masks = [(item, int(item.reading[HEALTH_MASK])) for _, item in labelled if HEALTH_MASK in item.reading]
+    if masks:
+        name = "ix_gpu_chip_health_problem"
+        yield f"# HELP {name} 1 while ixmlDeviceGetHealth reports this problem for the chip, else 0"
+        yield f"# TYPE {name} gauge"
+        for item, mask in masks:
+            values = chip_labels(node, item.chip)
+            for bit, problem in IXML_HEALTH_BITS:
+                labels = _labels_text((*LABELS, "problem"), (*values, problem))
+                yield f"{name}{labels} {format_value(1.0 if mask & bit else 0.0)}"
+    if labelled:
+        name = "ix_gpu_chip_telemetry_stale"
+        yield f"# HELP {name} 1 while the chip's last telemetry read is missing or older than two intervals"
+        yield f"# TYPE {name} gauge"
+        yield from (f"{name}{labels} {format_value(1.0 if item.stale else 0.0)}" for labels, item in labelled)
