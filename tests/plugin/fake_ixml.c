@@ -5,10 +5,13 @@
  * library's own (<driver root>/fake-ixml-devices for <driver root>/lib64/libixml.so), so a process
  * that only has the driver root mounted, as a device plugin container does, finds its devices.
  *
- * Script lines:  <uuid> <minor> <board> <position> <health-hex> <memory-MiB> <pci-bus-hex> [lost]
+ * Script lines:  <uuid> <minor> <board> <position> <health-hex> <memory-MiB> <pci-bus-hex> [word...]
  *                fail <code>     -- nvmlDeviceGetCount_v2 returns <code> (library failing)
  *                name <product>  -- the product name every chip reports (default Iluvatar BI-V150)
- * "lost" makes every query of that chip fail with NVML_ERROR_GPU_IS_LOST (15).
+ * Words: "lost" makes every query of that chip fail with NVML_ERROR_GPU_IS_LOST (15); telemetry
+ * as key=value: util=<gpu %> memutil=<memory %> used=<MiB> temp=<C> power=<mW> sm=<MHz>
+ * memclk=<MHz>. A telemetry call whose value the line does not give fails with
+ * NVML_ERROR_NOT_SUPPORTED (3).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,10 +27,17 @@ typedef struct {
     char busId[32];
 } nvmlPciInfo_t;
 
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+enum { UTIL, MEMUTIL, USED, TEMP, POWER, SM, MEMCLK, NFIGURES };
+static const char *figure_keys[NFIGURES] = {"util", "memutil", "used", "temp", "power", "sm", "memclk"};
+
 typedef struct {
     char uuid[80];
     unsigned int minor, board, position, bus, lost;
     unsigned long long health, memory_mib;
+    int has[NFIGURES];
+    unsigned long long value[NFIGURES];
 } fake_dev;
 
 static fake_dev devs[64];
@@ -57,23 +67,33 @@ static FILE *open_default_script(void) {
 static void load(void) {
     const char *path = getenv("FAKE_IXML_SCRIPT");
     FILE *f = path ? fopen(path, "r") : open_default_script();
-    char line[256];
+    char line[512];
     ndevs = 0;
     fail_code = 0;
     snprintf(product, sizeof product, "Iluvatar BI-V150");
     if (!f) return;
     while (fgets(line, sizeof line, f) && ndevs < 64) {
         fake_dev *d = &devs[ndevs];
-        char lost[16] = "";
         if (strncmp(line, "name ", 5) == 0) {
             snprintf(product, sizeof product, "%s", line + 5);
             product[strcspn(product, "\r\n")] = '\0';
             continue;
         }
         if (sscanf(line, "fail %d", &fail_code) == 1) continue;
-        if (sscanf(line, "%79s %u %u %u %llx %llu %x %15s", d->uuid, &d->minor, &d->board, &d->position,
-                   &d->health, &d->memory_mib, &d->bus, lost) >= 7) {
-            d->lost = strcmp(lost, "lost") == 0;
+        int used = 0;
+        memset(d, 0, sizeof *d);
+        if (sscanf(line, "%79s %u %u %u %llx %llu %x%n", d->uuid, &d->minor, &d->board, &d->position,
+                   &d->health, &d->memory_mib, &d->bus, &used) >= 7) {
+            for (char *word = strtok(line + used, " \t\r\n"); word; word = strtok(NULL, " \t\r\n")) {
+                if (strcmp(word, "lost") == 0) { d->lost = 1; continue; }
+                for (int k = 0; k < NFIGURES; k++) {
+                    size_t n = strlen(figure_keys[k]);
+                    if (strncmp(word, figure_keys[k], n) == 0 && word[n] == '=') {
+                        d->value[k] = strtoull(word + n + 1, NULL, 10);
+                        d->has[k] = 1;
+                    }
+                }
+            }
             ndevs++;
         }
     }
@@ -122,7 +142,26 @@ nvmlReturn_t nvmlDeviceGetMinorNumber(void *h, unsigned int *minor) {
     CHECK(h); *minor = DEV(h)->minor; return 0;
 }
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, nvmlMemory_t *m) {
-    CHECK(h); m->total = DEV(h)->memory_mib * 1024ULL * 1024ULL; m->used = 0; m->free = m->total; return 0;
+    CHECK(h);
+    m->total = DEV(h)->memory_mib * 1024ULL * 1024ULL;
+    m->used = DEV(h)->has[USED] ? DEV(h)->value[USED] * 1024ULL * 1024ULL : 0;
+    m->free = m->total - m->used;
+    return 0;
+}
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, nvmlUtilization_t *u) {
+    CHECK(h);
+    if (!DEV(h)->has[UTIL] || !DEV(h)->has[MEMUTIL]) return 3;
+    u->gpu = DEV(h)->value[UTIL]; u->memory = DEV(h)->value[MEMUTIL]; return 0;
+}
+nvmlReturn_t nvmlDeviceGetTemperature(void *h, int sensor, unsigned int *t) {
+    CHECK(h); if (sensor != 0 || !DEV(h)->has[TEMP]) return 3; *t = DEV(h)->value[TEMP]; return 0;
+}
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *h, unsigned int *mw) {
+    CHECK(h); if (!DEV(h)->has[POWER]) return 3; *mw = DEV(h)->value[POWER]; return 0;
+}
+nvmlReturn_t nvmlDeviceGetClockInfo(void *h, int type, unsigned int *mhz) {
+    int k = type == 1 ? SM : type == 2 ? MEMCLK : -1;
+    CHECK(h); if (k < 0 || !DEV(h)->has[k]) return 3; *mhz = DEV(h)->value[k]; return 0;
 }
 nvmlReturn_t nvmlDeviceGetPciInfo(void *h, nvmlPciInfo_t *p) {
     CHECK(h);

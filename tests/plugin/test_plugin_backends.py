@@ -97,6 +97,79 @@ def test_ixml_health_bits_lost_chip_and_library_failure(ixml_env: Path) -> None:
     assert len(backend.chips()) == 4
 
 
+def test_ixml_telemetry_one_call_per_figure_and_what_fails_is_absent(ixml_env: Path) -> None:
+    """Through the real ctypes binding: power from milliwatts to watts, clocks from MHz to hertz,
+    memory from bytes; a call the stub answers NOT_SUPPORTED leaves its figure out (never 0)."""
+    figures = " util=37 memutil=12 used=2048 temp=91 power=155500 sm=1500 memclk=1200"
+    ixml_env.write_text(SCRIPT.replace("GPU-ix-1 1 0 1 0 32768 8b", "GPU-ix-1 1 0 1 4 32768 8b" + figures))
+    backend = make_backend("ixml", root=ixml_env.parent / "root")
+    chips = {c.uuid: c for c in backend.chips()}
+    assert backend.read_telemetry(chips["GPU-ix-1"]) == {
+        "gpu_utilization": 37.0,
+        "memory_utilization": 12.0,
+        "memory_used_bytes": 2048.0 * 2**20,
+        "memory_total_bytes": 32768.0 * 2**20,
+        "temperature_celsius": 91.0,
+        "power_watts": 155.5,
+        "sm_clock_hertz": 1.5e9,
+        "memory_clock_hertz": 1.2e9,
+        "health_mask": 4.0,
+    }
+    # Nothing but what every chip answers: memory (used 0 is a reading) and the health mask.
+    assert backend.read_telemetry(chips["GPU-ix-0"]) == {
+        "memory_used_bytes": 0.0,
+        "memory_total_bytes": 32768.0 * 2**20,
+        "health_mask": 0.0,
+    }
+    ixml_env.write_text(SCRIPT.replace("8b\n", "8b lost\n"))
+    backend.chips()  # the stub re-reads its script on a count
+    assert backend.read_telemetry(chips["GPU-ix-1"]) == {}  # a lost chip: no figure at all
+    backend.close()
+
+
+class TelemetryNvml:
+    """pynvml's telemetry calls, for one GPU whose temperature read fails."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> object:
+        return type("Rates", (), {"gpu": 80, "memory": 40})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> object:
+        return type("Mem", (), {"used": 10 * 1024**3, "total": 141 * 1024**3})()
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 512_000
+
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
+        return {1: 1980, 2: 2619}[clock]
+
+
+def test_nvml_telemetry_converts_units_and_leaves_out_what_fails() -> None:
+    from ix_gpu.node.backends.base import Chip
+    from ix_gpu.node.backends.nvml import NvmlBackend
+
+    backend = NvmlBackend.__new__(NvmlBackend)  # the calls under test need only the binding
+    backend.nvml = TelemetryNvml()
+    chip = Chip("GPU-nv-0", 0, 0, "board-0", 0, "NVIDIA H200", 141 * 1024, None)
+    assert backend.read_telemetry(chip) == {
+        "gpu_utilization": 80.0,
+        "memory_utilization": 40.0,
+        "memory_used_bytes": 10.0 * 1024**3,
+        "memory_total_bytes": 141.0 * 1024**3,
+        "power_watts": 512.0,
+        "sm_clock_hertz": 1.98e9,
+        "memory_clock_hertz": 2.619e9,
+    }
+
+
 def test_ixml_stub_reads_its_devices_beside_the_driver_root_and_names_the_product(
     libixml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

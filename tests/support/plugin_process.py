@@ -35,9 +35,11 @@ class PluginProcess:
         metrics_port: int = 0,
         kubeconfig: Path | None = None,
         node: str | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         """``kubeconfig`` and ``node``: the API server and the Node the plugin labels (with
-        ``labels.enabled`` in ``config``), as NODE_NAME and the service account give it in a pod."""
+        ``labels.enabled`` in ``config``), as NODE_NAME and the service account give it in a pod;
+        ``extra_args``: more flags of ``ix-gpu plugin``."""
         work.mkdir(parents=True, exist_ok=True)
         self.plugin_dir = plugin_dir
         self.devices = work / "fake-devices.yaml"
@@ -48,6 +50,7 @@ class PluginProcess:
         self.metrics_port = metrics_port
         self.kubeconfig = kubeconfig
         self.node = node
+        self.extra_args = extra_args
         self.process: Process | None = None
         write_atomic(self.devices, devices)
         self.config.write_text(config)
@@ -62,6 +65,7 @@ class PluginProcess:
             "--config", str(self.config),
             "--metrics-port", str(self.metrics_port),
             *(["--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []),
+            *self.extra_args,
             log_dir=self.log_dir,
             env={"NODE_NAME": self.node} if self.node else None,
         )  # fmt: skip
