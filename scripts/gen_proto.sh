@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Regenerate the Python stubs for our .proto files: the device-plugin API
-# (ix_gpu/plugin/api/deviceplugin_v1beta1.proto) and the DRA plugin's node service and plugin
-# registration and resource health (ix_gpu/dra/api/dra_v1.proto, pluginregistration_v1.proto,
-# dra_health_v1.proto, dra_health_v1alpha1.proto).
+# Regenerate the Python stubs for our .proto files: the device-plugin API and the kubelet's
+# PodResources API (ix_gpu/plugin/api/deviceplugin_v1beta1.proto, podresources_v1.proto), and the
+# DRA plugin's node service, plugin registration and resource health (ix_gpu/dra/api/dra_v1.proto,
+# pluginregistration_v1.proto, dra_health_v1.proto, dra_health_v1alpha1.proto).
 #
 #   scripts/gen_proto.sh            # write next to each .proto
 #   scripts/gen_proto.sh OUTDIR     # write into OUTDIR/<the .proto's folder>/ (the staleness tests do this)
@@ -22,6 +22,7 @@ python="${PYTHON:-.venv/bin/python}"
 [ -x "$python" ] || python=python3
 protos=(
   ix_gpu/plugin/api/deviceplugin_v1beta1.proto
+  ix_gpu/plugin/api/podresources_v1.proto
   ix_gpu/dra/api/dra_v1.proto
   ix_gpu/dra/api/pluginregistration_v1.proto
   ix_gpu/dra/api/dra_health_v1.proto

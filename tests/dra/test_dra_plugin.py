@@ -52,7 +52,9 @@ def test_registration_get_info_names_the_dra_socket(
     assert info.type == "DRAPlugin"
     assert info.name == DRIVER
     assert info.endpoint == str(short_tmp / "plugins" / DRIVER / "dra.sock")
-    assert list(info.supported_versions) == ["v1.DRAPlugin"]
+    # The node service, then the health streams (tests/dra/test_dra_health_stream.py).
+    services = ["v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+    assert list(info.supported_versions) == services
     assert config.registration_socket.name == f"{DRIVER}-reg.sock"
     # Unprepare of a claim the plugin never saw is a success, with an entry for it.
     assert set(answer.claims) == {UID} and answer.claims[UID].error == ""

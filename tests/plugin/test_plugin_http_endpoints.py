@@ -42,6 +42,9 @@ class FakePlugin:
     def notes(self) -> list[str]:
         return list(self.degraded)
 
+    def telemetry_lines(self) -> list[str]:
+        return ["# TYPE ix_gpu_chip_telemetry_stale gauge", 'ix_gpu_chip_telemetry_stale{uuid="GPU-0"} 0.0']
+
 
 class Endpoint:
     """The plugin's HTTP server on 127.0.0.1, on an event loop of its own thread: asyncio's, as in
@@ -129,6 +132,7 @@ def test_healthz_metrics_and_unknown_paths(endpoint: Endpoint) -> None:
     answer = endpoint.get("/metrics")
     assert answer.status == 200 and answer.headers["content-type"] == CONTENT_TYPE
     assert b"# TYPE " in answer.body
+    assert answer.body.endswith(b'ix_gpu_chip_telemetry_stale{uuid="GPU-0"} 0.0\n')  # the chips' lines last
     answer = endpoint.get("/nothing")
     assert answer.status == 404 and answer.body == b"not found: try /healthz or /metrics\n"
 
