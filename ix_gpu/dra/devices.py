@@ -6,9 +6,9 @@ device per chip with ``splitboard: true``, one per board otherwise, so the two p
 what a pod may own. Time-slicing replicas have no DRA form: pods that share a GPU reference one
 ResourceClaim.
 
-Names must be DNS labels, so a chip's UUID (upper case in libixml) cannot be one: a chip device is
-``gpu-<index>`` and a board device ``board-<index of its first chip>``. The UUID is an attribute,
-which is what a selector should match on when it means one physical GPU.
+Names (:mod:`ix_gpu.node.devices.dra_names`): a chip device is ``gpu-<index>`` and a board device
+``board-<index of its first chip>``. The UUID is an attribute, which is what a selector should
+match on when it means one physical GPU.
 
 Attribute names without a domain belong to the driver's domain: CEL sees ``product`` as
 ``device.attributes["gpu.iluvatar.com"].product``. The PCI bus ID and NUMA node use the names
@@ -33,6 +33,7 @@ from ix_gpu.devicemodel.labels import gpu_product_value, label_value
 from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.node.devices.device_list import PhysicalDevice, physical_devices
+from ix_gpu.node.devices.dra_names import dra_device_name
 
 UnhealthyMode = Literal["taint", "remove"]
 UNHEALTHY_MODES: tuple[UnhealthyMode, ...] = ("taint", "remove")
@@ -74,8 +75,7 @@ def dra_devices(chips: Iterable[Chip], *, splitboard: bool) -> tuple[DraDevice, 
     """This node's devices, in device-node order (what ``ix-gpu devices`` prints)."""
     out = []
     for phys in physical_devices(chips, splitboard):
-        first = min(phys.chips, key=lambda chip: chip.index)
-        name = f"gpu-{first.index}" if splitboard else f"board-{first.index}"
+        name = dra_device_name(phys, board=not splitboard)
         out.append(DraDevice(name=name, physical=phys, board=not splitboard))
     names = [device.name for device in out]
     if len(set(names)) != len(names):

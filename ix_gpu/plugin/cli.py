@@ -87,6 +87,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "read and never waits on the library (default 10; 0 disables)",
     )
     plugin.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="the kubelet's PodResources API, read with the telemetry to label each chip with the "
+        "containers holding it (device plugin and DRA); '' disables (default "
+        "/var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    plugin.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="for node labels and per-node configs outside a Pod: a user with a token, a tokenFile or a "

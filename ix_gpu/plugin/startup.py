@@ -140,6 +140,8 @@ def run_plugin(args: argparse.Namespace) -> int:
         node_config=node_config,
         allocation=allocation,
         telemetry_interval=args.telemetry_interval,
+        pod_resources_socket=Path(args.pod_resources_socket) if args.pod_resources_socket else None,
+        dra_driver=args.dra_driver,
     )
 
     async def main() -> int:

@@ -1004,9 +1004,12 @@ def test_plugin_daemonset_has_the_seeds_mounts_and_real_probes() -> None:
         "/run/udev": "/run/udev",
         "/usr/local/corex": "/usr/local/corex",
         "/var/run/cdi": "/var/run/cdi",  # where deviceListStrategy: cdi writes the spec
+        "/var/lib/kubelet/pod-resources": "/var/lib/kubelet/pod-resources",  # chips' holders
     }
     assert mounts["/sys"][1] and mounts["/run/udev"][1] and not mounts["/dev"][1]
-    assert not mounts["/var/run/cdi"][1]
+    assert not mounts["/var/run/cdi"][1] and mounts["/var/lib/kubelet/pod-resources"][1]
+    assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in container["args"]
+    assert "--telemetry-interval=10" in container["args"]
     assert mounts["/ixconfig"][0] == "ix-config"
     assert _volume(daemonset, "ix-config")["configMap"] == {"name": "ix-config"}
     assert f"--config={PLUGIN_CONFIG_PATH}" in container["args"]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_runtime import DeviceListStrategy, RuntimeConfig
+from ix_gpu.node.attribution import holders_by_chip
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
 from ix_gpu.node.config_loader import load_runtime_config
 from ix_gpu.node.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
@@ -42,6 +43,7 @@ from ix_gpu.node.telemetry import Telemetry
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
 from ix_gpu.plugin.server.metrics import PluginMetrics, telemetry_lines
+from ix_gpu.plugin.server.pod_resources import PodResourcesReader
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.runtime.outcomes import ERROR
@@ -81,6 +83,11 @@ class PluginSettings:
     telemetry_interval: float = 10.0
     """How often the chips' telemetry may be read for ``/metrics`` (:mod:`ix_gpu.node.telemetry`);
     0: none."""
+    pod_resources_socket: Path | None = None
+    """The kubelet's PodResources socket, read with the telemetry for each chip's holders
+    (:mod:`.pod_resources`); None: chips are shown without their pods."""
+    dra_driver: str | None = None
+    """The DRA driver whose claims' devices on this node are ours (for attribution)."""
 
 
 class PluginApp:
@@ -101,6 +108,10 @@ class PluginApp:
         self.telemetry = (
             Telemetry(backend, settings.telemetry_interval) if settings.telemetry_interval > 0 else None
         )
+        socket = settings.pod_resources_socket
+        self.pod_resources = PodResourcesReader(socket) if socket is not None and self.telemetry else None
+        self._device_chips: dict[str, tuple[str, ...]] = {}
+        """Every device ID the config makes of the chips (offered or not) → its chips' UUIDs."""
         self.tracker = HealthTracker(config.recover_after)
         self.backend_error: str | None = None
         self.config_path = settings.config_path
@@ -124,7 +135,7 @@ class PluginApp:
             settings.allocation.reader.on_error = self._api_error("node_read")
             if settings.allocation.slices is not None:
                 settings.allocation.slices.on_error = self._api_error("slice_list")
-        self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration")}
+        self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration", "attribution")}
         self._labels_warned = False
         self._cdi_error: str | None = None
         self.allocation_reason: str | None = None
@@ -261,6 +272,11 @@ class PluginApp:
         except ValueError as exc:
             log.error("cannot build the device list: %s", exc)
             return
+        self._device_chips = {
+            key: tuple(chip.uuid for chip in device.physical.chips)
+            for device in devices.devices
+            for key in (device.id, device.physical.id)
+        }
         # The node labels still describe the node's GPUs when another allocator hands them out.
         allowed = await self._allowed()
         offered = devices if allowed else build_device_list([], splitboard=False, replicas=1)
@@ -379,7 +395,29 @@ class PluginApp:
         if self.telemetry is None or not self._chips:
             return ()
         node = self.settings.node_name or ""
-        return telemetry_lines(node, self.telemetry.collect(self._chips))
+        reader = self.pod_resources
+        holders = (
+            holders_by_chip(
+                reader.containers,
+                self._chips,
+                resources=(self.resource_name,),
+                device_chips=self._device_chips,
+                dra_driver=self.settings.dra_driver,
+                pool=node,
+            )
+            if reader is not None
+            else {}
+        )
+        up = None if reader is None else reader.up
+        return telemetry_lines(node, self.telemetry.collect(self._chips), holders, up)
+
+    async def _attribution_loop(self) -> None:
+        """The kubelet's PodResources, read once per telemetry interval (see :mod:`.pod_resources`)."""
+        assert self.pod_resources is not None and self.telemetry is not None
+        while not self.stop_event.is_set():
+            await self.pod_resources.read()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), self.telemetry.interval)
 
     def request_stop(self, why: str) -> None:
         if not self.stop_event.is_set():
@@ -430,10 +468,16 @@ class PluginApp:
             supervise(self._health_loop, self.loops["health"], self.stop_event, on_crash=crashed),
             name="health",
         )
+        tasks = [registrar, health]
+        if self.pod_resources is not None:
+            attribution = supervise(
+                self._attribution_loop, self.loops["attribution"], self.stop_event, on_crash=crashed
+            )
+            tasks.append(asyncio.create_task(attribution, name="attribution"))
         try:
             await self.stop_event.wait()
         finally:
-            await self._shutdown(registrar, health)
+            await self._shutdown(*tasks)
             if http_server is not None:
                 http_server.close()
                 await http_server.wait_closed()

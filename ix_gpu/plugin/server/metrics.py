@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from ix_gpu.node.attribution import Holder
 from ix_gpu.node.backends.base import IXML_HEALTH_BITS
 from ix_gpu.node.telemetry import FIGURES, HEALTH_MASK, LABELS, ChipTelemetry, chip_labels
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 API_CALLS = ("node_read", "slice_list", "label_write")
-LOOPS = ("health", "registration")
+ALLOCATION_LABELS = (*LABELS, "namespace", "pod", "container", "claim")
+LOOPS = ("health", "registration", "attribution")
 
 
 def format_value(value: float) -> str:
@@ -245,9 +247,16 @@ class PluginMetrics:
         return ("\n".join(lines) + "\n").encode()
 
 
-def telemetry_lines(node: str, items: Sequence[ChipTelemetry]) -> Iterator[str]:
+def telemetry_lines(
+    node: str,
+    items: Sequence[ChipTelemetry],
+    holders: Mapping[str, Sequence[Holder]] | None = None,
+    pod_resources_up: bool | None = None,
+) -> Iterator[str]:
     """The chips' figures as gauges (a figure no chip has is left out whole), each chip's decoded
-    health bits where its reading has the mask, and every chip's staleness."""
+    health bits where its reading has the mask, every chip's staleness, one series per holder of a
+    chip (``holders``: chip UUID → the containers the kubelet gave it to), and whether the
+    kubelet's PodResources API answered (``None``: not asked)."""
     labelled = [(_labels_text(LABELS, chip_labels(node, item.chip)), item) for item in items]
     for figure in FIGURES:
         key = figure.key
@@ -271,3 +280,17 @@ def telemetry_lines(node: str, items: Sequence[ChipTelemetry]) -> Iterator[str]:
         yield f"# HELP {name} 1 while the chip's last telemetry read is missing or older than two intervals"
         yield f"# TYPE {name} gauge"
         yield from (f"{name}{labels} {format_value(1.0 if item.stale else 0.0)}" for labels, item in labelled)
+    held = [(item, holder) for item in items for holder in (holders or {}).get(item.chip.uuid, ())]
+    if held:
+        name = "ix_gpu_chip_allocation"
+        yield f"# HELP {name} 1 for each container the kubelet gave the chip to (claim: its DRA claim)"
+        yield f"# TYPE {name} gauge"
+        for item, holder in held:
+            who = (holder.namespace, holder.pod, holder.container, holder.claim)
+            values = (*chip_labels(node, item.chip), *who)
+            yield f"{name}{_labels_text(ALLOCATION_LABELS, values)} 1.0"
+    if pod_resources_up is not None:
+        name = "ix_gpu_pod_resources_up"
+        yield f"# HELP {name} 1 while the kubelet's PodResources API answers (chips' holders are shown)"
+        yield f"# TYPE {name} gauge"
+        yield f"{name} {format_value(1.0 if pod_resources_up else 0.0)}"
