@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.k8s import host_settings
 from tests.k8s.cluster import MiniCluster
@@ -80,6 +82,25 @@ for label, env in (("with", dict(os.environ)), ("without", bare)):
 print("done", flush=True)
 time.sleep(3600)
 """
+
+
+def chip_holders(release: Release, node: str) -> list[dict[str, str]]:
+    """The device plugin's ``ix_gpu_chip_allocation`` series on ``node`` (its /metrics at its pod
+    IP, routed to the node), each as its labels; [] while it cannot be read."""
+    pods = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == node]
+    if not pods or not pods[0]["status"].get("podIP"):
+        return []
+    try:
+        with urllib.request.urlopen(f"http://{pods[0]['status']['podIP']}:9401/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return []
+    return [
+        dict(sample.labels)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "ix_gpu_chip_allocation"
+    ]
 
 
 APP_LIBRARY_PATH = "/opt/app/lib"

@@ -47,6 +47,7 @@ from tests.k8s.real_release import (
     NS_PATH,
     RESOURCE,
     Release,
+    chip_holders,
     device_check,
     image_pod,
     library_check_lines,
@@ -296,6 +297,21 @@ def test_a_device_plugin_pod_without_cdi_keeps_its_library_path(release: Release
     assert found["loaded with LD_LIBRARY_PATH"] == "/usr/local/corex/lib64/libixml.so", found
     assert found["ldcache"] == "", found
     assert found["loaded without LD_LIBRARY_PATH"].startswith("failed"), found
+    # The node's device plugin names the pod as the holder of its board's chips on /metrics, read
+    # from the real kubelet's PodResources API.
+    node = pod["spec"]["nodeName"]
+    wait_until(
+        lambda: [h for h in chip_holders(release, node) if h["namespace"] == namespace],
+        "the pod on its chips in the plugin's /metrics",
+        45,
+        details=lambda: str(chip_holders(release, node)),
+    )
+    held = [h for h in chip_holders(release, node) if h["namespace"] == namespace]
+    print(f"\nix_gpu_chip_allocation: {held}")
+    (spec,) = [s for s in REAL_NODES if s.name == node]
+    assert len(held) == spec.chips_per_board, held  # splitboard false: a board, each chip once
+    assert {(h["pod"], h["container"], h["claim"]) for h in held} == {("lib", "main", "")}
+    assert len({h["board"] for h in held}) == 1 and all(h["node"] == node for h in held)
     request_ok(api, "DELETE", ns)
 
 

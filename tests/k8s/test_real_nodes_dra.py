@@ -31,6 +31,7 @@ from tests.k8s.real_nodes import DRIVER_ROOT, REAL_NODES, TIER_ROOT, Images
 from tests.k8s.real_release import (
     APP_LIBRARY_PATH,
     Release,
+    chip_holders,
     device_check,
     image_pod,
     library_check_lines,
@@ -580,6 +581,22 @@ def test_an_unhealthy_chip_shows_in_the_status_of_the_pod_using_it(release: Rele
         return {}
 
     wait_until(lambda: resource_health().get("health") == "Healthy", "Healthy in the pod's status", 60)
+    # The node's device plugin (offering nothing on a DRA node) names the pod and its claim as the
+    # chip's holder on /metrics, from the kubelet's PodResources dynamic_resources.
+    claim_name = f"{namespace}/{claim['metadata']['name']}"
+    wait_until(
+        lambda: [h for h in chip_holders(release, "gpu-b") if h["claim"] == claim_name],
+        "the claim's pod on its chip in the plugin's /metrics",
+        45,
+        details=lambda: str(chip_holders(release, "gpu-b")),
+    )
+    (held,) = [h for h in chip_holders(release, "gpu-b") if h["claim"] == claim_name]
+    print(f"\nix_gpu_chip_allocation: {held}")
+    assert (held["namespace"], held["pod"], held["index"]) == (
+        namespace,
+        "watched",
+        device.removeprefix("gpu-"),
+    )
     print(f"\nallocatedResourcesStatus entry: {resource_health()}")
     script = TIER_ROOT / "gpu-b" / "corex" / "fake-ixml-devices"
     healthy = script.read_text()
