@@ -4,14 +4,15 @@
 
 The plugin runs as in a cluster (its own process, the fake backend with ``--boards`` boards of two
 chips, every chip with every figure, a 0.5 s health interval and ``--telemetry-interval 1``) but
-with no kubelet: /metrics serves all the same. The script scrapes it ``--scrapes`` times back to
-back over HTTP and reports the plugin process's CPU time per scrape (user + system from
-/proc/<pid>/stat: the plugin's own cost, whatever else the machine does), the scrape wall time
-p50/p99, and its RSS after start, after the scrapes and at peak (VmHWM), with telemetry on and,
-in a second run, off.
+with no kubelet registration: /metrics serves all the same. A PodResources server in this script
+(grpcio, on a unix socket) lists ``--pods`` pods, two per chip, for the holder series. The script
+scrapes /metrics ``--scrapes`` times back to back over HTTP and reports the plugin process's CPU
+time per scrape (user + system from /proc/<pid>/stat: the plugin's own cost, whatever else the
+machine does), the scrape wall time p50/p99, and its RSS after start, after the scrapes and at
+peak (VmHWM), with telemetry on and, in a second run, off.
 
-Targets (the telemetry issue's): one scrape of 16 chips <= 20 ms of CPU; RSS <= 40 MiB with
-telemetry on; no growth over 10,000 scrapes.
+Targets (the telemetry issue's): one scrape of 16 chips and 32 pods <= 20 ms of CPU; RSS <= 40 MiB
+with telemetry on; no growth over 10,000 scrapes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,8 +53,51 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run(boards: int, scrapes: int, telemetry: bool) -> dict[str, float]:
+def pod_resources_server(socket: Path, boards: int, pods: int) -> Any:
+    """A PodResources ``List`` answering ``pods`` pods, each holding one chip (round robin)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from ix_gpu.plugin.api import podresources_v1_pb2 as pr
+    from ix_gpu.plugin.api import podresources_v1_pb2_grpc as pr_grpc
+
+    chips = boards * 2
+    answer = pr.ListPodResourcesResponse(
+        pod_resources=[
+            pr.PodResources(
+                name=f"pod-{n}",
+                namespace=f"team-{n % 4}",
+                containers=[
+                    pr.ContainerResources(
+                        name="main",
+                        devices=[
+                            pr.ContainerDevices(
+                                resource_name="iluvatar.com/gpu", device_ids=[f"GPU-bench-{n % chips:04d}"]
+                            )
+                        ],
+                    )
+                ],
+            )
+            for n in range(pods)
+        ]
+    )
+
+    class Lister(pr_grpc.PodResourcesListerServicer):
+        def List(self, request: Any, context: Any) -> Any:
+            return answer
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    pr_grpc.add_PodResourcesListerServicer_to_server(Lister(), server)
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    return server
+
+
+def run(boards: int, scrapes: int, telemetry: bool, pods: int) -> dict[str, float]:
     base = Path(tempfile.mkdtemp(prefix="ixtele", dir="/tmp"))
+    socket = base / "pod-resources.sock"
+    kubelet = pod_resources_server(socket, boards, pods)
     (base / "dp").mkdir()
     devices = base / "devices.yaml"
     devices.write_text(devices_yaml(boards).replace("        health: 0\n", "        health: 0\n" + TELEMETRY))
@@ -64,7 +109,7 @@ def run(boards: int, scrapes: int, telemetry: bool) -> dict[str, float]:
             *(sys.executable, "-m", "ix_gpu", "plugin", "--backend", "fake", "--fake-devices", str(devices)),
             *("--config", str(config), "--device-plugin-dir", str(base / "dp")),
             *("--metrics-port", str(port), "--metrics-host", "127.0.0.1", "--log-level", "WARNING"),
-            *("--telemetry-interval", "1" if telemetry else "0"),
+            *("--telemetry-interval", "1" if telemetry else "0", "--pod-resources-socket", str(socket)),
         ],
         cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "NODE_NAME": "bench-node"},
@@ -77,12 +122,15 @@ def run(boards: int, scrapes: int, telemetry: bool) -> dict[str, float]:
                 text = scrape(port)
             except OSError:
                 text = ""
-            if not telemetry or "ix_gpu_chip_temperature_celsius" in text:
+            ready = "ix_gpu_chip_temperature_celsius" in text and "ix_gpu_chip_allocation" in text
+            if not telemetry or ready:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError("no telemetry on /metrics")
             time.sleep(0.2)
-        out["series_per_scrape"] = sum(1 for line in text.splitlines() if line.startswith("ix_gpu_chip_"))
+        lines = text.splitlines()
+        out["series_per_scrape"] = sum(1 for line in lines if line.startswith("ix_gpu_chip_"))
+        out["holder_series"] = sum(1 for line in lines if line.startswith("ix_gpu_chip_allocation"))
         time.sleep(1)
         out["rss_after_start_mib"] = rss_mib(proc.pid)
         cpu_before = cpu_seconds(proc.pid)
@@ -100,6 +148,7 @@ def run(boards: int, scrapes: int, telemetry: bool) -> dict[str, float]:
     finally:
         proc.terminate()
         proc.wait(15)
+        kubelet.stop(0)
         shutil.rmtree(base, ignore_errors=True)
     return out
 
@@ -108,16 +157,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--boards", type=int, default=8, help="boards of two chips (default 8: 16 chips)")
     parser.add_argument("--scrapes", type=int, default=10000)
+    parser.add_argument("--pods", type=int, default=32, help="pods PodResources lists (default 32)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results = {
-        "telemetry on": run(args.boards, args.scrapes, telemetry=True),
-        "telemetry off": run(args.boards, args.scrapes, telemetry=False),
+        "telemetry on": run(args.boards, args.scrapes, telemetry=True, pods=args.pods),
+        "telemetry off": run(args.boards, args.scrapes, telemetry=False, pods=args.pods),
     }
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"{args.boards * 2} chips, {args.scrapes} scrapes")
+    print(f"{args.boards * 2} chips, {args.pods} pods, {args.scrapes} scrapes")
     keys = list(results["telemetry on"])
     print(f"{'':24}" + "".join(f"{name:>16}" for name in results))
     for key in keys:
