@@ -103,6 +103,7 @@ def test_prometheus_parser_reads_every_series() -> None:
     families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
     assert {name: f.type for name, f in families.items()} == {
         "ix_gpu_plugin_devices": "gauge",
+        "ix_gpu_plugin_registered": "gauge",
         "ix_gpu_plugin_registrations": "counter",
         "ix_gpu_plugin_allocations": "counter",
         "ix_gpu_plugin_allocate_duration_seconds": "histogram",

@@ -55,6 +55,7 @@ def test_sigterm_sends_all_unhealthy_then_removes_socket(short_tmp: Path, fake_d
             assert status == 200
             assert 'ix_gpu_plugin_devices{health="Healthy"} 2.0' in metrics
             assert 'ix_gpu_plugin_registrations_total{result="success"} 1.0' in metrics
+            assert "ix_gpu_plugin_registered 1.0" in metrics
             plugin.popen.send_signal(signal.SIGTERM)
             await kubelet.wait_for(lambda: kubelet.stream_ends, timeout=10, what="stream end")
             rc = await asyncio.to_thread(plugin.popen.wait, 10)

@@ -159,6 +159,10 @@ def rotating_webhook(tmp_path: Path, secret_volume: SecretVolume) -> Iterator[We
         yield proc
 
 
+def _not_after(pem: bytes) -> float:
+    return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+
+
 def _mutated(response: dict[str, Any]) -> str | None:
     decision = response.get("auditAnnotations", {}).get("decision")
     return None if decision == "mutated" else f"unexpected decision {decision}"
@@ -171,6 +175,8 @@ def test_certificate_rotation_under_load(
     old_cert = (cert_dir / CERT_FILE).read_bytes()
     new_cert, new_key = issue_serving_cert(ca_cert, ca_key, ["localhost"], ["127.0.0.1"], days=30)
     assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(old_cert)
+    expiry = "ix_gpu_serving_certificate_expiry_timestamp_seconds"
+    assert rotating_webhook.metric(expiry) == _not_after(old_cert)
 
     with LoadLoop(rotating_webhook, _mutated, REQUESTS) as load:
         load.wait_for(REQUESTS // 4)
@@ -185,6 +191,8 @@ def test_certificate_rotation_under_load(
     assert _served_certificate(rotating_webhook, secret_volume.root / CA_FILE) == _der(new_cert)
     assert rotating_webhook.metric("ix_gpu_cert_reloads_total", result="error") == 0
     assert any(e.get("msg") == "serving certificate reloaded" for e in rotating_webhook.logs())
+    # The alert on expiry follows the certificate in use (30 days from now).
+    assert rotating_webhook.metric(expiry) == _not_after(new_cert) != _not_after(old_cert)
 
 
 def test_broken_certificate_keeps_the_old_one(

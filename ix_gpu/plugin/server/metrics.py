@@ -135,6 +135,9 @@ class Counter(_Family):
 class Gauge(_Family):
     kind = "gauge"
 
+    def set(self, value: float) -> None:
+        self._unlabelled().set(value)
+
 
 class Histogram:
     """Cumulative buckets, ``_count`` and ``_sum``; unlabelled (the plugin's one histogram is)."""
@@ -179,6 +182,10 @@ class PluginMetrics:
             "Devices advertised to the kubelet, by health",
             ["health"],
         )
+        self.registered = Gauge(
+            "ix_gpu_plugin_registered",
+            "1 while the plugin is registered with the kubelet (its devices can be allocated), else 0",
+        )
         self.registrations = Counter(
             "ix_gpu_plugin_registrations",
             "Register calls to the kubelet, by result",
@@ -220,6 +227,7 @@ class PluginMetrics:
         )
         for health in (HEALTHY, UNHEALTHY):
             self.devices.labels(health=health).set(0)
+        self.registered.set(0)
         # Every series from the start, at 0: an alert on rate() sees the first failure.
         for call in API_CALLS:
             self.api_errors.labels(call=call)
@@ -229,6 +237,7 @@ class PluginMetrics:
     def families(self) -> tuple[_Family | Histogram, ...]:
         return (
             self.devices,
+            self.registered,
             self.registrations,
             self.allocations,
             self.allocate_seconds,

@@ -111,6 +111,7 @@ class Registrar:
     def _mark_unregistered(self) -> None:
         if self.registered:
             self.registered = False
+            self.metrics.registered.set(0)
             self.not_registered_since = time.monotonic()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -166,6 +167,7 @@ class Registrar:
             self._registered_generation = generation
             self.registered_resource = resource
             self.registered = True
+            self.metrics.registered.set(1)
             log.info(
                 "registered %s with the kubelet at %s (endpoint %s)",
                 resource,

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 from ix_gpu.config.schema_base import parse_yaml
 from ix_gpu.config.text import one_line
 from ix_gpu.config.webhook_config import WebhookConfig
@@ -97,6 +99,8 @@ class CertReloader:
     ) -> None:
         self._context = context
         self._cert_path = cert_path
+        self._metrics = metrics
+        self._record_expiry(initial[0])
         self._files = LastGoodFiles(
             "serving certificate",
             [cert_path, key_path],
@@ -123,11 +127,20 @@ class CertReloader:
     def status(self) -> dict[str, Any]:
         return {"cert": str(self._cert_path), "lastError": self.last_error}
 
+    def _record_expiry(self, cert_pem: bytes) -> None:
+        """``ix_gpu_serving_certificate_expiry_timestamp_seconds`` for an alert before it lapses."""
+        try:
+            not_after = x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
+        except ValueError:
+            return  # check_pair has refused it already, or will
+        self._metrics.certificate_expiry.set(not_after.timestamp())
+
     async def poll(self) -> None:
         pair = await asyncio.to_thread(self._files.poll)
         if pair is None:
             return
         load_pem_pair(self._context, *pair)
+        self._record_expiry(pair[0])
         log.info("serving certificate reloaded", extra={"fields": {"cert": str(self._cert_path)}})
 
 

@@ -62,6 +62,11 @@ class ServiceMetrics:
             ("result",),
             registry=self.registry,
         )
+        self.certificate_expiry = Gauge(
+            "ix_gpu_serving_certificate_expiry_timestamp_seconds",
+            "Unix time the serving certificate in use stops being valid (its notAfter)",
+            registry=self.registry,
+        )
         self.over_budget = Counter(
             "ix_gpu_admission_over_budget",
             "Large reviews answered 503 because they could not be served within --request-budget",
