@@ -111,9 +111,8 @@ def _seconds(text: str, *, zero_allowed: bool) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (value >= 0 if zero_allowed else value > 0) or value > 3600:
-        low = "at least 0" if zero_allowed else "more than 0"
-        raise argparse.ArgumentTypeError(f"must be {low} and at most 3600, got {text}")
+    if not ((value >= 0 if zero_allowed else value > 0) and value <= 3600):  # NaN fails both
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
     return value
 
 

@@ -117,19 +117,24 @@ def library_pod(name: str, image: str, gpus: int = 0) -> dict[str, Any]:
     return pod
 
 
-def library_check_lines(release: Release, namespace: str, pod: str) -> dict[str, str]:
-    """LIBRARY_CHECK's output of ``pod``, once it is done: each line's key (before ``=`` or ``:``)
-    to the rest."""
+def finished_log(release: Release, namespace: str, pod: str, what: str = "check") -> str:
+    """``pod``'s log once its check printed ``done`` (printed here too, for the test's output)."""
     wait_until(
         lambda: "done" in release.log(namespace, pod).splitlines(),
-        f"{pod}'s library check",
+        f"{pod}'s {what}",
         90,
         details=lambda: release.log(namespace, pod) + str(get_pod(release.api, namespace, pod))[-2000:],
     )
     log = release.log(namespace, pod)
     print(f"\nkubectl logs {pod}:\n{log}")
+    return log
+
+
+def library_check_lines(release: Release, namespace: str, pod: str) -> dict[str, str]:
+    """LIBRARY_CHECK's output of ``pod``, once it is done: each line's key (before ``=`` or ``:``)
+    to the rest."""
     found = {}
-    for line in log.splitlines():
+    for line in finished_log(release, namespace, pod, "library check").splitlines():
         key, _, value = line.partition("=" if line.startswith("LD_LIBRARY_PATH=") else ":")
         found[key] = value.strip()
     return found

@@ -33,6 +33,7 @@ from tests.k8s.real_release import (
     Release,
     chip_holders,
     device_check,
+    finished_log,
     image_pod,
     library_check_lines,
     library_pod,
@@ -146,15 +147,7 @@ def start_claim_pod(release: Release, prefix: str, name: str, selector: str) -> 
 
 
 def check_output(release: Release, namespace: str, pod: str) -> list[str]:
-    wait_until(
-        lambda: "done" in release.log(namespace, pod).splitlines(),
-        f"{pod}'s device check",
-        90,
-        details=lambda: release.log(namespace, pod) + str(get_pod(release.api, namespace, pod))[-2000:],
-    )
-    log = release.log(namespace, pod)
-    print(f"\nkubectl logs {pod}:\n{log}")
-    return log.splitlines()
+    return finished_log(release, namespace, pod, "device check").splitlines()
 
 
 def allocated_device(release: Release, namespace: str, pod: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -9,26 +9,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ix_gpu.runtime.usage import UsageError, add_log_level, port_number
+from ix_gpu.runtime.usage import (
+    UsageError,
+    add_log_level,
+    interval_seconds,
+    interval_seconds_or_off,
+    port_number,
+)
 from ix_gpu.webhook.service.limit_settings import Limits
-
-
-def _parse_seconds(text: str, *, zero_ok: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not ((value >= 0 if zero_ok else value > 0) and value <= 3600):  # NaN fails both
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, got {text}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    return _parse_seconds(text, zero_ok=False)
-
-
-def _seconds_or_zero(text: str) -> float:
-    return _parse_seconds(text, zero_ok=True)
 
 
 def _positive_int(text: str) -> int:
@@ -83,21 +71,21 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
     webhook.add_argument(
         "--reload-interval",
         default=5.0,
-        type=_seconds,
+        type=interval_seconds,
         metavar="SECONDS",
         help="how often cert and config files are checked for new content (default: 5)",
     )
     webhook.add_argument(
         "--request-timeout",
         default=10.0,
-        type=_seconds,
+        type=interval_seconds,
         metavar="SECONDS",
         help="longest wait for a request body before answering 408 (default: 10)",
     )
     webhook.add_argument(
         "--shutdown-delay",
         default=5.0,
-        type=_seconds_or_zero,
+        type=interval_seconds_or_off,
         metavar="SECONDS",
         help="on SIGTERM, go on serving this long with /readyz failing and every answer closing its "
         "connection, so the apiserver moves to the other replicas before this one stops listening; "
@@ -128,7 +116,7 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     limits.add_argument(
         "--header-timeout",
-        type=_seconds,
+        type=interval_seconds,
         default=defaults.header_timeout,
         metavar="SECONDS",
         help="request headers must arrive within this time, else the connection is closed "
@@ -144,7 +132,7 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     limits.add_argument(
         "--request-budget",
-        type=_seconds,
+        type=interval_seconds,
         default=defaults.request_budget,
         metavar="SECONDS",
         help=f"reviews over {defaults.offload_bytes >> 10} KiB are parsed and mutated in a child process, "
