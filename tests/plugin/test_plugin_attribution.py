@@ -219,3 +219,49 @@ def test_the_plugin_labels_each_chip_with_its_pods_and_says_when_the_kubelet_doe
         asyncio.run(scenario())
     finally:
         plugin.stop()
+
+
+def test_a_kubelet_that_errors_or_sends_garbage_leaves_no_holder_and_is_said_once(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An UNAVAILABLE answer, then bytes that do not parse as the message: each read keeps no
+    holder and reports down, the log says each distinct error once, and a good answer restores."""
+    from ix_gpu.plugin.server.pod_resources import PodResourcesReader
+
+    socket = short_tmp / "pr.sock"
+    mode = {"now": "error"}
+
+    async def list_handler(request: bytes, context: Any) -> bytes:
+        if mode["now"] == "error":
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet is busy")
+        if mode["now"] == "garbage":
+            return b"\xff\xff\xff"
+        return pr.ListPodResourcesResponse(
+            pod_resources=[pr.PodResources(name="p", namespace="n")]
+        ).SerializeToString()
+
+    async def scenario() -> list[tuple[bool, int]]:
+        server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(list_handler)  # raw bytes both ways
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("v1.PodResourcesLister", {"List": handler}),)
+        )
+        server.add_insecure_port(f"unix://{socket}")
+        await server.start()
+        reader = PodResourcesReader(socket)
+        reader.containers = [ContainerDevices("ns", "gone", "c", {R: ("GPU-00",)})]  # from a read before
+        seen = []
+        try:
+            for now in ("error", "error", "garbage", "good"):
+                mode["now"] = now
+                await reader.read()
+                seen.append((reader.up, len(reader.containers)))
+        finally:
+            await server.stop(0)
+        return seen
+
+    with caplog.at_level("WARNING", logger="ix_gpu.plugin.server.pod_resources"):
+        seen = asyncio.run(scenario())
+    assert seen == [(False, 0), (False, 0), (False, 0), (True, 0)]  # the good answer's pod holds no device
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and "kubelet is busy" in warnings[0], warnings
