@@ -140,10 +140,26 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     *(
         (
             importer,
-            ("grpc", "ix_gpu.dra.api.dra_v1_pb2_grpc", "ix_gpu.dra.api.pluginregistration_v1_pb2_grpc"),
-            "the DRA plugin process uses grpclib, not grpcio",
+            (
+                "grpc",
+                "ix_gpu.dra.api.dra_v1_pb2_grpc",
+                "ix_gpu.dra.api.pluginregistration_v1_pb2_grpc",
+                "prometheus_client",
+            ),
+            "the DRA plugin process uses grpclib and its own metrics, not grpcio or prometheus_client",
         )
-        for importer in ("ix_gpu.dra.app", "ix_gpu.dra.servicer", "ix_gpu.dra.cli", "ix_gpu.dra.prepare")
+        for importer in (
+            "ix_gpu.dra.app",
+            "ix_gpu.dra.servicer",
+            "ix_gpu.dra.cli",
+            "ix_gpu.dra.prepare",
+            "ix_gpu.dra.metrics",
+        )
+    ),
+    (
+        "ix_gpu.runtime.text_metrics",
+        ("prometheus_client",),
+        "the node agents' metrics writer is what replaces prometheus_client there",
     ),
 )
 
@@ -256,6 +272,8 @@ def test_the_walk_sees_every_layer() -> None:
             "pb2_grpc",
         ),
         ("ix_gpu.plugin.server.metrics", "from prometheus_client import Counter", "prometheus_client"),
+        ("ix_gpu.runtime.text_metrics", "import prometheus_client", "prometheus_client"),
+        ("ix_gpu.dra.metrics", "from prometheus_client import Gauge", "prometheus_client"),
         ("ix_gpu.plugin.cli", "import prometheus_client", "prometheus_client"),
         ("ix_gpu.node.backends.fake", "from ix_gpu.node.devices import device_list", "devices"),
         ("ix_gpu.node.devices.cdi", "from ix_gpu.node.backends import ixml", "ixml"),

@@ -42,6 +42,7 @@ from ix_gpu.dra.checkpoint import Checkpoint
 from ix_gpu.dra.claims import ClaimReader
 from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
 from ix_gpu.dra.health_stream import HealthReports, HealthV1alpha1Servicer, HealthV1Servicer
+from ix_gpu.dra.metrics import DraMetrics, DraState, render_metrics
 from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
@@ -84,6 +85,9 @@ class DraSettings:
     default_config: str | None = None
     config_label: str | None = None
     """The node's config label when the config was picked (None: none, or not readable)."""
+    metrics_port: int | None = None
+    """Port of /healthz and /metrics (None: not served)."""
+    metrics_host: str = "0.0.0.0"
 
     @property
     def dra_socket(self) -> Path:
@@ -132,6 +136,9 @@ class DraApp:
             refusal=lambda: None if self.allocation.allowed else self.allocation.reason,
         )
         self.registration = RegistrationServicer(settings.driver, str(settings.dra_socket))
+        self.metrics = DraMetrics()
+        self.http_server: asyncio.Server | None = None
+        """/healthz and /metrics, while serving (``metrics_port``)."""
         self.health_reports = HealthReports(settings.node, settings.health_interval)
         self.stop = asyncio.Event()
         self._servers: list[tuple[Server, Path]] = []
@@ -239,6 +246,47 @@ class DraApp:
             return self.publish() or changed
         return changed
 
+    # -- /healthz and /metrics ---------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """Why /healthz fails: only a health loop waiting to restart after a crash. Not being
+        registered is not one: the kubelet registers a DRA driver when it finds the registration
+        socket (and again after its own restart), so restarting this pod would not help, and on a
+        kubelet without DRA it would loop forever; ``ix_gpu_dra_registered`` alerts instead."""
+        loop = self.health_loop
+        return (
+            [f"the {loop.name} failed ({loop.last_error}) and is waiting to restart"]
+            if loop.restarting
+            else []
+        )
+
+    def notes(self) -> list[str]:
+        """What /healthz adds to a 200: not registered, not publishing and why, and API reads or
+        slice writes that fail now (the node keeps what it last heard and published)."""
+        out = []
+        if not self.registration.registered:
+            error = self.registration.last_error
+            out.append(f"not registered with the kubelet{': ' + error if error else ''}")
+        if not self.allocation.allowed:
+            out.append(f"not publishing devices: {self.allocation.reason}")
+        if (problem := self.node_reader.problem()) is not None:
+            out.append(problem)
+        if self._last_error:
+            out.append(f"last failure: {self._last_error}")
+        return out
+
+    def metrics_text(self) -> bytes:
+        devices = list(self.devices.values())
+        healthy = sum(device.healthy for device in devices)
+        state = DraState(
+            registered=self.registration.registered,
+            publishing=self.allocation.allowed,
+            devices={"Healthy": healthy, "Unhealthy": len(devices) - healthy},
+            api_errors=dict(self.api_errors),
+            loop_crashes=self.health_loop.crashes,
+        )
+        return render_metrics(self.metrics, state)
+
     def _note(self, message: str, *, key: str | None = None) -> None:
         """One log line per distinct failure (``key``, else the message), not one per attempt."""
         key = message if key is None else key
@@ -264,8 +312,19 @@ class DraApp:
         self.node_reader.start()
         await asyncio.to_thread(self.node_reader.wait_synced, FIRST_ANSWER_WAIT)
         await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
+        if self.settings.metrics_port is not None:
+            from ix_gpu.runtime.agent_http import start_http_server
+
+            host, port = self.settings.metrics_host, self.settings.metrics_port
+            try:
+                self.http_server = await start_http_server(self, host, port)
+            except OSError as exc:  # in use, or not an address of this host: say which, once
+                log.error("cannot serve /healthz and /metrics on %s:%d: %s", host, port, exc.strerror or exc)
+                await asyncio.to_thread(self.node_reader.stop)
+                self.backend.close()
+                return 1
         node_service: list[IServable] = [
-            DraServicer(self.preparer),
+            DraServicer(self.preparer, self.metrics),
             HealthV1Servicer(self.health_reports),
             HealthV1alpha1Servicer(self.health_reports),
         ]
@@ -279,6 +338,8 @@ class DraApp:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await health
             await self.shutdown()
+            if self.http_server is not None:
+                self.http_server.close()
             await asyncio.to_thread(self.node_reader.stop)
         return 0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import UsageError, add_log_level, interval_seconds, set_env_name
+from ix_gpu.runtime.usage import UsageError, add_log_level, interval_seconds, port_number, set_env_name
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
@@ -36,6 +36,9 @@ DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_DIR = "/var/run/cdi"  # = ix_gpu.node.devices.cdi.DEFAULT_CDI_DIR
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # the device plugin's
+DEFAULT_DRA_METRICS_PORT = 9402
+"""Not the device plugin's 9401, so that one Service port name and number means one agent (both
+run on a DRA node; either may run with the host's network)."""
 PLUGIN_CONFIG_ENV = "IX_GPU_PLUGIN_CONFIG"  # the device plugin's --config variable: one ix-config
 UNHEALTHY_MODES = ("taint", "remove")  # = ix_gpu.dra.devices.UNHEALTHY_MODES, without the import
 
@@ -130,6 +133,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="how often devices are discovered and their health checked (default 5)",
     )
     dra.add_argument(
+        "--metrics-port",
+        type=port_number,
+        default=DEFAULT_DRA_METRICS_PORT,
+        metavar="N",
+        help=f"port for /healthz and /metrics: claims prepared and their time, registration, devices by "
+        f"health, API failures (default {DEFAULT_DRA_METRICS_PORT}; 0 disables). Per-chip telemetry is "
+        "the device plugin's, which runs on DRA nodes too",
+    )
+    dra.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address /healthz and /metrics listen on (default 0.0.0.0, every IPv4 address)",
+    )
+    dra.add_argument(
         "--kubeconfig",
         metavar="FILE",
         help="outside a Pod: a kubeconfig whose user has a token, a tokenFile or a client certificate "
@@ -213,6 +231,8 @@ def run_dra(args: argparse.Namespace) -> int:
         config_dir=config_dir,
         default_config=args.default_config,
         config_label=label,
+        metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
     )
     if problems := settings.socket_problems():
         backend.close()

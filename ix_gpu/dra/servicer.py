@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TypeVar
 
 from grpclib.const import Status
@@ -23,6 +24,7 @@ from ix_gpu.dra.api.pluginregistration_v1_grpc import RegistrationBase
 from ix_gpu.dra.checkpoint import PreparedDevice
 from ix_gpu.dra.claims import ClaimError, ClaimRef
 from ix_gpu.dra.health_stream import HEALTH_SERVICES
+from ix_gpu.dra.metrics import DraMetrics
 from ix_gpu.dra.prepare import Preparer
 
 log = logging.getLogger(__name__)
@@ -58,16 +60,21 @@ def _device(prepared: PreparedDevice) -> dra.Device:
 
 
 class DraServicer(DRAPluginBase):
-    def __init__(self, preparer: Preparer) -> None:
+    def __init__(self, preparer: Preparer, metrics: DraMetrics | None = None) -> None:
         self.preparer = preparer
+        self.metrics = metrics or DraMetrics()
 
     async def _prepare_one(self, claim: dra.Claim) -> dra.NodePrepareResourceResponse:
         ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+        started = time.monotonic()
         try:
             devices = await asyncio.to_thread(self.preparer.prepare, ref)
         except ClaimError as exc:
             log.warning("prepare failed: %s", exc)
+            self.metrics.prepares.labels(result="error").inc()
             return dra.NodePrepareResourceResponse(error=str(exc))
+        self.metrics.prepare_seconds.observe(time.monotonic() - started)
+        self.metrics.prepares.labels(result="success").inc()
         return dra.NodePrepareResourceResponse(devices=[_device(d) for d in devices])
 
     async def _unprepare_one(self, claim: dra.Claim) -> dra.NodeUnprepareResourceResponse:
@@ -75,7 +82,9 @@ class DraServicer(DRAPluginBase):
             await asyncio.to_thread(self.preparer.unprepare, claim.uid)
         except (ClaimError, OSError) as exc:
             log.warning("unprepare of claim %s/%s failed: %s", claim.namespace, claim.name, exc)
+            self.metrics.unprepares.labels(result="error").inc()
             return dra.NodeUnprepareResourceResponse(error=str(exc))
+        self.metrics.unprepares.labels(result="success").inc()
         return dra.NodeUnprepareResourceResponse()
 
     async def NodePrepareResources(

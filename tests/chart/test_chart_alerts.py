@@ -19,6 +19,8 @@ ALERTS = {
     "IxGpuChipMemoryNearlyFull",
     "IxGpuTelemetryMissing",
     "IxGpuDevicePluginNotRegistered",
+    "IxGpuDraNotRegistered",
+    "IxGpuDraPrepareFailures",
     "IxGpuWebhookAdmissionErrors",
     "IxGpuWebhookLatencyHigh",
     "IxGpuWebhookCertificateExpiring",

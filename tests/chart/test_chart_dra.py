@@ -165,8 +165,12 @@ def test_dra_daemonset_runs_only_on_dra_nodes_with_same_path_mounts() -> None:
     # Claims' CDI specs mount the node's driver from where plugin.driver.root says it is.
     assert "--driver-root=/usr/local/corex" in container["args"]
     assert env["LD_LIBRARY_PATH"]["value"] == "/usr/local/corex/lib64"
-    # ix-gpu dra serves no HTTP: no probe rather than one that only sees a socket file.
-    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & set(container)
+    # /healthz on its own metrics port, named apart from the device plugin's "metrics" (the
+    # metrics Service's plugin-metrics port resolves that name in every pod it selects).
+    assert "--metrics-port=9402" in container["args"]
+    assert container["ports"] == [{"name": "dra-metrics", "containerPort": 9402, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "dra-metrics"}
+    assert not {"readinessProbe", "startupProbe"} & set(container)
     assert container["securityContext"]["privileged"] is True
 
 
@@ -214,3 +218,31 @@ def test_dra_reads_the_device_plugins_per_node_configs_and_its_driver_root() -> 
     bare = render({**ON, "plugin": {"driver": {"root": ""}}})
     bare_args = find(bare, "DaemonSet", DRA)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert not [a for a in bare_args if a.startswith("--driver-root")]
+
+
+def test_the_metrics_service_and_monitor_reach_the_dra_plugin_on_its_own_port_name() -> None:
+    """The headless metrics Service gains dra-metrics; the DRA pods name no port "metrics", so
+    plugin-metrics (targetPort "metrics") lists only device-plugin pods, and each port one agent."""
+    objects = render({**ON, "metrics": {"serviceMonitor": {"enabled": True}}})
+    service = find(objects, "Service", "ixg-ix-gpu-metrics")
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert ports["dra-metrics"] == {
+        "name": "dra-metrics",
+        "port": 9402,
+        "targetPort": "dra-metrics",
+        "protocol": "TCP",
+    }
+    pods = {name: find(objects, "DaemonSet", name)["spec"]["template"] for name in (DRA, PLUGIN)}
+    named = {name: {p["name"] for p in t["spec"]["containers"][0]["ports"]} for name, t in pods.items()}
+    assert named == {DRA: {"dra-metrics"}, PLUGIN: {"metrics"}}
+    for template in pods.values():  # the Service selects both agents' pods
+        selector = service["spec"]["selector"]
+        assert all(template["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    endpoints = find(objects, "ServiceMonitor", "ixg-ix-gpu-metrics")["spec"]["endpoints"]
+    assert [(e["port"], e["scheme"]) for e in endpoints] == [
+        ("webhook-metrics", "https"),
+        ("plugin-metrics", "http"),
+        ("dra-metrics", "http"),
+    ]
+    port = find(render({"dra": {"enabled": True, "metricsPort": 9500}}), "DaemonSet", DRA)
+    assert "--metrics-port=9500" in port["spec"]["template"]["spec"]["containers"][0]["args"]

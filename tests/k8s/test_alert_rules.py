@@ -1,10 +1,13 @@
-"""The chart's alert rules, as Prometheus reads them: ``promtool check rules`` on what the chart
-renders, and ``promtool test rules`` driving every alert from series shaped as the plugin and the
+"""The chart's alert rules and dashboard, as Prometheus reads them: ``promtool check rules`` on what
+the chart renders, and ``promtool test rules`` driving every alert from series shaped as the plugin and the
 webhook write them, firing after its ``for:`` and not before, and not firing below its threshold.
-Annotations are checked as Prometheus expands them."""
+Annotations are checked as Prometheus expands them. Every query of the Grafana dashboard, with
+Grafana's variables filled as for "All", is parsed as a recording rule, and the per-pod join is
+evaluated on a chip shared by two pods."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import yaml
 from tests.chart.rendering import find, render
 from tests.k8s.conftest import _tier_requested
 from tests.k8s.prometheus_tools import promtool
+from tests.support.paths import ROOT
 
 CHIP = 'node="gpu-a",uuid="GPU-1",index="1",board="board0",product="Iluvatar BI-V150"'
 CHIP_LABELS = {
@@ -62,6 +66,14 @@ UNIT_TESTS: dict[str, Any] = {
                 {"series": f"ix_gpu_chip_telemetry_stale{{{OTHER}}}", "values": "0x22"},
                 {"series": 'ix_gpu_plugin_registered{pod="ixr-plugin-abcde"}', "values": "1 1 0x20"},
                 {"series": 'ix_gpu_plugin_registered{pod="ixr-plugin-fghij"}', "values": "1x22"},
+                {"series": 'ix_gpu_dra_registered{pod="ixd-dra-abcde"}', "values": "1 1 0x20"},
+                {"series": 'ix_gpu_dra_registered{pod="ixd-dra-fghij"}', "values": "1x22"},
+                # One DRA plugin fails a prepare a minute from minute 2; the other failed 3 long ago.
+                {
+                    "series": 'ix_gpu_dra_prepares_total{pod="ixd-dra-abcde",result="error"}',
+                    "values": "0 0 1+1x20",
+                },
+                {"series": 'ix_gpu_dra_prepares_total{pod="ixd-dra-fghij",result="error"}', "values": "3x22"},
                 # Internal errors from minute 2; 100 admissions a minute, 10 of them between 0.5
                 # and 1 s from minute 2 (p99 0.95 s), none before.
                 {
@@ -150,6 +162,35 @@ UNIT_TESTS: dict[str, Any] = {
                         },
                     },
                 ),
+                alert("IxGpuDraNotRegistered", "6m"),
+                alert(
+                    "IxGpuDraNotRegistered",
+                    "8m",
+                    {
+                        "exp_labels": {"pod": "ixd-dra-abcde", "severity": "critical"},
+                        "exp_annotations": {
+                            "summary": "The DRA plugin on ixd-dra-abcde is not registered with its kubelet",
+                            "description": "Pods with claims on that node's GPUs stay in ContainerCreating "
+                            "until it registers.",
+                            "runbook": runbook("IxGpuDraNotRegistered"),
+                        },
+                    },
+                ),
+                alert("IxGpuDraPrepareFailures", "6m"),
+                alert(
+                    "IxGpuDraPrepareFailures",
+                    "8m",
+                    {
+                        "exp_labels": {"pod": "ixd-dra-abcde", "result": "error", "severity": "warning"},
+                        "exp_annotations": {
+                            "summary": "The DRA plugin on ixd-dra-abcde fails to prepare claims",
+                            "description": "Claims allocated on that node are refused at "
+                            "NodePrepareResources; their pods stay in ContainerCreating. The plugin's log "
+                            "and the pods' events say why.",
+                            "runbook": runbook("IxGpuDraPrepareFailures"),
+                        },
+                    },
+                ),
                 alert("IxGpuWebhookAdmissionErrors", "2m"),
                 alert(
                     "IxGpuWebhookAdmissionErrors",
@@ -224,7 +265,7 @@ def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rendered_rules(rules_dir: Path) -> None:
     result = run_promtool("check", "rules", "rules.yml", cwd=rules_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout, result.stdout
 
 
 def test_every_alert_fires_after_its_for_and_not_below_its_threshold(rules_dir: Path) -> None:
@@ -232,4 +273,80 @@ def test_every_alert_fires_after_its_for_and_not_below_its_threshold(rules_dir: 
     rendered = yaml.safe_load((rules_dir / "rules.yml").read_text())
     assert covered == {r["alert"] for g in rendered["groups"] for r in g["rules"]}
     result = run_promtool("test", "rules", "tests.yml", cwd=rules_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+DASHBOARD = ROOT / "charts" / "ix-gpu" / "dashboards" / "ix-gpu.json"
+GRAFANA_ALL = {"$node": ".*", "$namespace": ".*", "$__rate_interval": "5m"}
+
+
+def dashboard_queries() -> dict[str, str]:
+    """Each panel's queries by ``<panel title> <refId>``, Grafana's variables filled as for "All"."""
+    out = {}
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for variable, value in GRAFANA_ALL.items():
+                expr = expr.replace(variable, value)
+            out[f"{panel['title']} {target['refId']}"] = expr
+    return out
+
+
+def test_every_dashboard_query_parses_and_a_shared_chip_shows_on_each_pod(
+    tmp_path: Path, rules_dir: Path
+) -> None:
+    queries = dashboard_queries()
+    assert not [q for q in queries.values() if "$" in q], "a Grafana variable left unfilled"
+    rules = [{"record": f"ix_gpu_dashboard:query_{i}", "expr": q} for i, q in enumerate(queries.values())]
+    (tmp_path / "dashboard.yml").write_text(
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]})
+    )
+    result = run_promtool("check", "rules", "dashboard.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout, result.stdout
+
+    holder = 'namespace="ml",container="main",claim=""'
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f"ix_gpu_chip_utilization_percent{{{CHIP}}}", "values": "40x3"},
+                    {"series": f"ix_gpu_chip_utilization_percent{{{OTHER}}}", "values": "90x3"},
+                    {"series": f'ix_gpu_chip_allocation{{{CHIP},{holder},pod="a"}}', "values": "1x3"},
+                    {"series": f'ix_gpu_chip_allocation{{{CHIP},{holder},pod="b"}}', "values": "1x3"},
+                    {"series": f"ix_gpu_chip_telemetry_stale{{{CHIP}}}", "values": "0x3"},
+                    {"series": f"ix_gpu_chip_telemetry_stale{{{OTHER}}}", "values": "0x3"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": queries["Utilization of the chips each pod holds A"],
+                        "eval_time": "2m",
+                        "exp_samples": [
+                            {"labels": f'{{{CHIP},{holder},pod="{pod}"}}', "value": 40} for pod in ("a", "b")
+                        ],
+                    },
+                    {
+                        "expr": queries["GPUs (chips) A"],
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "{}", "value": 2}],
+                    },
+                    {
+                        "expr": queries["Chips in use A"],
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    },
+                    {
+                        "expr": queries["GPU containers by namespace A"],
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": '{namespace="ml"}', "value": 2}],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "dashboard-tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    result = run_promtool("test", "rules", "dashboard-tests.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -21,9 +21,10 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
-from ix_gpu.plugin.server.http_endpoints import start_http_server
-from ix_gpu.plugin.server.metrics import CONTENT_TYPE, PluginMetrics
+from ix_gpu.plugin.server.metrics import PluginMetrics
+from ix_gpu.runtime.agent_http import start_http_server
 from ix_gpu.runtime.guarded_http import HttpLimits
+from ix_gpu.runtime.text_metrics import CONTENT_TYPE
 from tests.support.https_client import Answer, closed_by_peer, read_response
 
 LIMITS = HttpLimits(max_connections=4, max_per_address=3, header_timeout=1.0, linger=0.5)
@@ -42,8 +43,9 @@ class FakePlugin:
     def notes(self) -> list[str]:
         return list(self.degraded)
 
-    def telemetry_lines(self) -> list[str]:
-        return ["# TYPE ix_gpu_chip_telemetry_stale gauge", 'ix_gpu_chip_telemetry_stale{uuid="GPU-0"} 0.0']
+    def metrics_text(self) -> bytes:
+        extra = ["# TYPE ix_gpu_chip_telemetry_stale gauge", 'ix_gpu_chip_telemetry_stale{uuid="GPU-0"} 0.0']
+        return self.metrics.render(extra)
 
 
 class Endpoint:

@@ -193,7 +193,7 @@ def test_the_process_never_imports_grpcio_prometheus_client_or_pydantic(
     rc, log = asyncio.run(scenario())
     assert rc == 0, log
     imported = {line.split("|")[-1].strip() for line in log.splitlines() if line.startswith("import time:")}
-    assert "grpclib.server" in imported and "ix_gpu.plugin.server.http_endpoints" in imported, log[-2000:]
+    assert "grpclib.server" in imported and "ix_gpu.runtime.agent_http" in imported, log[-2000:]
     heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
     assert not heavy, f"the plugin process imported {heavy}"
     # The validation did run, in the children.

@@ -390,6 +390,10 @@ class PluginApp:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    def metrics_text(self) -> bytes:
+        """``/metrics``: the plugin's own families, then the chips' telemetry."""
+        return self.metrics.render(self.telemetry_lines())
+
     def telemetry_lines(self) -> Iterable[str]:
         """The chips' telemetry for ``/metrics`` (none when it is off or no chip is known)."""
         if self.telemetry is None or not self._chips:
@@ -441,7 +445,7 @@ class PluginApp:
             self.telemetry.collect(self._chips)  # a first reading before the first scrape
         http_server = None
         if self.settings.metrics_port is not None:
-            from ix_gpu.plugin.server.http_endpoints import start_http_server
+            from ix_gpu.runtime.agent_http import start_http_server
 
             address = f"{self.settings.metrics_host}:{self.settings.metrics_port}"
             try:
