@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
@@ -658,6 +659,37 @@ def test_the_kubelet_saw_every_prepare_answered_ok_within_2_s(release: Release) 
             )
             within_2s = next((value for bound, value in buckets if bound >= 2.0), 0.0)
             assert within_2s == count, (node, method, series)
+
+
+def test_each_dra_plugin_says_on_its_metrics_port_that_it_is_registered_and_prepared_claims(
+    release: Release,
+) -> None:
+    """``ix-gpu dra``'s own /metrics (the chart's dra-metrics port, read at the pod IP) after the
+    claims above: registered with its kubelet, publishing, its devices healthy again, prepares
+    counted and timed; and /healthz, its liveness probe, answering ok."""
+    pods = release.pods("dra-plugin")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["gpu-a", "gpu-b"]
+    for pod in pods:
+        address = f"http://{pod['status']['podIP']}:9402"
+        with urllib.request.urlopen(f"{address}/metrics", timeout=5) as answer:
+            found = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(answer.read().decode())
+                for s in family.samples
+            }
+        node = pod["spec"]["nodeName"]
+        print(
+            f"\n{node}: "
+            + ", ".join(f"{k[0]}{dict(k[1]) or ''}={v:g}" for k, v in found.items() if "bucket" not in k[0])
+        )
+        assert found[("ix_gpu_dra_registered", ())] == 1, node
+        assert found[("ix_gpu_dra_publishing", ())] == 1, node
+        assert found[("ix_gpu_dra_devices", (("health", "Unhealthy"),))] == 0, node
+        assert found[("ix_gpu_dra_devices", (("health", "Healthy"),))] == NODES[node].chips, node
+        prepared = found[("ix_gpu_dra_prepares_total", (("result", "success"),))]
+        assert prepared >= 1 and found[("ix_gpu_dra_prepare_duration_seconds_count", ())] == prepared, node
+        with urllib.request.urlopen(f"{address}/healthz", timeout=5) as answer:
+            assert answer.status == 200 and answer.read().decode().startswith("ok\n"), node
 
 
 def test_relabelled_for_the_device_plugin_a_node_changes_allocator(release: Release) -> None:
