@@ -21,7 +21,7 @@ from typing import Any
 
 from ix_gpu.runtime.usage import OneLineParser, UsageError
 
-_SUBCOMMAND_MODULES = ("ix_gpu.webhook.cli", "ix_gpu.plugin.cli", "ix_gpu.dra.cli")
+_SUBCOMMAND_MODULES = ("ix_gpu.webhook.cli", "ix_gpu.plugin.cli", "ix_gpu.dra.cli", "ix_gpu.status.cli")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -91,6 +91,11 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "ix_gpu.node; chips come through a backend, never a library",
     ),
     (
+        "ix_gpu.status",
+        ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli"),
+        "ix-gpu status reads the API and the agents' /metrics, never the agents' code",
+    ),
+    (
         "ix_gpu.dra.devices",
         ("ix_gpu.dra.api", "grpc", "grpclib", "ix_gpu.runtime.kube"),
         "the DRA device model is pure of gRPC and the API server",
@@ -239,6 +244,7 @@ def test_the_walk_sees_every_layer() -> None:
         "ix_gpu.plugin.api",
         "ix_gpu.dra",
         "ix_gpu.dra.api",
+        "ix_gpu.status",
     ):
         assert layer in names, f"{layer} is missing: the rules would check nothing"
         doc = ast.get_docstring(ast.parse((ROOT / layer.replace(".", "/") / "__init__.py").read_text()))

@@ -219,3 +219,32 @@ def client_configuration(kubeconfig: str | None) -> Any:
     fresh_token(configuration)
     configuration.refresh_api_key_hook = fresh_token
     return configuration
+
+
+def user_api_server(kubeconfig: str | None) -> ApiServer:
+    """The API server as a person's kubeconfig reaches it, for commands run on an operator's machine
+    (``ix-gpu status``): loaded by the official client (exec plugins and auth providers, as cloud
+    clusters use; ``$KUBECONFIG``, then ``~/.kube/config``, then in-cluster), then used through
+    :class:`ApiServer`. Raises ``ValueError`` with the loader's reason when nothing is usable."""
+    from kubernetes.config.config_exception import ConfigException
+
+    if kubeconfig is None:
+        candidates = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+        candidates.append(os.path.expanduser("~/.kube/config"))
+        kubeconfig = next((p for p in candidates if Path(p).is_file()), None)
+    try:
+        conf = client_configuration(kubeconfig)
+    except (ConfigException, OSError) as exc:
+        raise ValueError(str(exc)) from None
+    if conf.refresh_api_key_hook is not None:
+        conf.refresh_api_key_hook(conf)
+    if not conf.verify_ssl:
+        raise ValueError("the kubeconfig turns TLS verification off (insecure-skip-tls-verify): not followed")
+    header = str(conf.api_key.get("authorization") or conf.api_key.get("BearerToken") or "")
+    token = header.removeprefix("Bearer ").strip() or None
+    certificate = (
+        ClientCertificate(Path(conf.cert_file), Path(conf.key_file))
+        if conf.cert_file and conf.key_file
+        else None
+    )
+    return ApiServer(str(conf.host).rstrip("/"), token, conf.ssl_ca_cert, client_certificate=certificate)

@@ -40,6 +40,7 @@ from tests.k8s.real_release import (
     library_pod,
     open_release,
 )
+from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
@@ -744,6 +745,58 @@ def test_a_device_plugin_pod_through_cdi_keeps_its_library_path(release: Release
     assert found["loaded without LD_LIBRARY_PATH"] == CDI_LIBRARY, found
     containerd_log = (release.node("gpu-a").log_dir / "containerd-gpu-a.log").read_text()
     assert "CDI devices from CRI Config.CDIDevices: [iluvatar.com/gpu=" in containerd_log
+    request_ok(api, "DELETE", ns)
+
+
+def test_ix_gpu_status_shows_the_mixed_cluster_and_who_holds_each_chip(release: Release) -> None:
+    """``ix-gpu status`` with the admin's kubeconfig, as an operator runs it, once gpu-a is the device
+    plugin's and gpu-b still DRA's: a device-plugin pod on gpu-a and a claim's pod on gpu-b, each
+    named as the holder of its chip (the plugins' /metrics through the API server's pod proxy, and
+    the claim from the API), with the counts in use and free; the same in its text form."""
+    api = release.api
+    namespace = f"status-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    plugin_pod = image_pod("dp", release.image, ["sleep", "3600"], gpus=1)
+    plugin_pod["spec"]["nodeName"] = "gpu-a"
+    request_ok(api, "POST", f"{ns}/pods", plugin_pod)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    request_ok(
+        api, "POST", templates, claim_template("gpu", f'device.attributes["{DRIVER}"].product == "BI-V100"')
+    )
+    request_ok(api, "POST", f"{ns}/pods", claim_pod("dra", release.image, template="gpu"))
+    wait_running(api, namespace, "dp", timeout=120)
+    assert wait_running(api, namespace, "dra", timeout=120)["spec"]["nodeName"] == "gpu-b"
+    kubeconfig = str(release.cluster.kubeconfig)
+
+    def status() -> dict[str, Any]:
+        result = ix_gpu("status", "-o", "json", "--kubeconfig", kubeconfig, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return {n["name"]: n for n in json.loads(result.stdout)["nodes"]}
+
+    def holders(nodes: dict[str, Any]) -> dict[str, list[str]]:
+        return {
+            name: [h for chip in node["chips"] for h in chip["holders"] if h.startswith(namespace)]
+            for name, node in nodes.items()
+        }
+
+    # The plugins read the kubelet's PodResources with their telemetry (every 10 s).
+    wait_until(
+        lambda: all(holders(status()).values()), "both pods named as holders of their chips", 60, interval=2
+    )
+    nodes = status()
+    assert (nodes["gpu-a"]["allocator"], nodes["gpu-a"]["total"]) == ("device-plugin", 4)
+    assert nodes["gpu-a"]["in_use"] >= 1 and nodes["gpu-a"]["free"] == 4 - nodes["gpu-a"]["in_use"]
+    assert holders(nodes)["gpu-a"] == [f"{namespace}/dp"]
+    assert (nodes["gpu-b"]["allocator"], nodes["gpu-b"]["total"]) == ("dra", 2)
+    (claim,) = [c for d in nodes["gpu-b"]["devices"] for c in d["claims"] if c.startswith(namespace)]
+    assert holders(nodes)["gpu-b"] == [f"{namespace}/dra (claim {claim})"]
+    (device,) = [d for d in nodes["gpu-b"]["devices"] if claim in d["claims"]]
+    assert device["pods"] == [f"{namespace}/dra"] and device["healthy"]
+    for node in nodes.values():
+        assert {c["health"] for c in node["chips"]} == {"Healthy"} and len(node["chips"]) == node["total"]
+    text = ix_gpu("status", "--kubeconfig", kubeconfig, timeout=60)
+    print(f"\n{text.stdout}")
+    assert text.returncode == 0 and f"{namespace}/dp" in text.stdout and f"{namespace}/dra" in text.stdout
     request_ok(api, "DELETE", ns)
 
 
