@@ -2,19 +2,25 @@
 what ``bench/scale.py`` runs and reports, and ``test_scale_small.py`` checks.
 
 The tier's mini cluster (``tests/k8s/cluster.py``: etcd, kube-apiserver, controller-manager and
-scheduler of the current version, two fake-cri kubelets) with ``--kwok-nodes`` simulated GPU nodes
-(``tests/k8s/kwok.py``: 16 ``iluvatar.com/gpu`` on each device-plugin node, every 4th a DRA node)
-and the real ``ix-gpu webhook`` (one host process, failurePolicy Fail, registered through a
-Service as the chart does). ``--namespaces`` namespaces, every 20th opted out by annotation and
-the pod-security ``warn`` and ``audit`` levels mixed (``enforce`` stays privileged: the injected
-driver hostPaths are what baseline refuses). Then ``--pods`` GPU pods, spread over the namespaces,
-are created at ``--rate`` pods/s; a quarter name ``ix-gpu.io/gpu-type: BI-V150``, which the webhook
-turns into a required node affinity, so the scheduler's work with and without it is seen in one run.
-A create that fails is retried for up to a minute, as a client (a controller) would.
+scheduler of the current version) with ``--kwok-nodes`` simulated GPU nodes (``tests/k8s/kwok.py``:
+16 ``iluvatar.com/gpu`` on each device-plugin node, every 4th a DRA node) and the real ``ix-gpu
+webhook`` (failurePolicy Fail, behind a Service), in one of two forms (``burst_webhook.py``):
+``runtime="fake-cri"`` runs one webhook host process beside two fake-cri kubelets;
+``runtime="containerd"`` installs the chart itself with helm on the real-node tier's two nodes, its
+webhook replicas in real containers behind the chart's Service and kube-proxy.
 
-Half-way through the burst the fault happens: the apiserver stopped for 2 s and started again; the
-webhook SIGKILLed and started again; etcd compacted to its current revision (watches from before
-get 410 Gone); or 500 namespaces created each immediately followed by its pod.
+``--namespaces`` namespaces, every 20th opted out by annotation and the pod-security ``warn`` and
+``audit`` levels mixed (``enforce`` stays privileged: the injected driver hostPaths are what
+baseline refuses). Then ``--pods`` GPU pods, spread over the namespaces, are created at ``--rate``
+pods/s; a quarter name ``ix-gpu.io/gpu-type: BI-V150``, which the webhook turns into a required
+node affinity, so the scheduler's work with and without it is seen in one run. A create that fails
+is retried for up to a minute, as a client (a controller) would.
+
+Half-way through the burst the fault happens (several, joined by ``+``, at evenly spaced points
+of the burst, in their order): the apiserver stopped for 2 s and started again; the
+webhook SIGKILLed (the host process, started again; or one of the chart's replicas, which its
+kubelet restarts while the others serve on); etcd compacted to its current revision (watches from
+before get 410 Gone); or 500 namespaces created each immediately followed by its pod.
 
 Reported: pod-create latency p50/p99 as the client saw it (SLO: 1 s) and the creates that failed
 before a retry; admission latency p50/p99 as the apiserver measured it
@@ -29,8 +35,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
-import os
-import signal
 import threading
 import time
 import urllib.request
@@ -43,6 +47,7 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.list_watch import WatchStream
 from tests.k8s import kwok
+from tests.k8s.burst_webhook import ChartWebhook, HostWebhook, WebhookUnderTest, cpu_of, rss_by_replica
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
 
@@ -116,8 +121,7 @@ class PodWatch:
         while not self._stop.is_set():
             try:
                 if not version:
-                    listed = self.api.request("GET", "/api/v1/pods?limit=1")
-                    version = listed["metadata"]["resourceVersion"]
+                    version = self._relist()
                 path = f"/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion={version}"
                 self._stream = WatchStream(self.api, path, "application/json", 10, 600)
                 for line in self._stream.lines():
@@ -128,15 +132,34 @@ class PodWatch:
                         version = ""
                         break
                     version = meta.get("resourceVersion") or version
-                    key = f"{meta.get('namespace')}/{meta.get('name')}"
-                    now = time.monotonic()
-                    if (obj.get("spec") or {}).get("nodeName"):
-                        self.bound.setdefault(key, now)
-                    if (obj.get("status") or {}).get("phase") == "Running":
-                        self.running.setdefault(key, now)
+                    self._seen(obj, time.monotonic())
             except Exception:
                 if not self._stop.is_set():
                     time.sleep(0.5)  # an apiserver restart: watch again from where it was
+
+    def _seen(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        if (obj.get("spec") or {}).get("nodeName"):
+            self.bound.setdefault(key, now)
+        if (obj.get("status") or {}).get("phase") == "Running":
+            self.running.setdefault(key, now)
+
+    def _relist(self) -> str:
+        """Every pod as it is now (the first time, and after a watch too old to resume, 410, as
+        after an apiserver restart): what changed in the gap is seen at the list, late rather than
+        never, as an informer's re-list does. Returns the list's resourceVersion."""
+        token, version = "", ""
+        while True:
+            query = "?limit=500" + (f"&continue={token}" if token else "")
+            listed = self.api.request("GET", f"/api/v1/pods{query}")
+            version = version or listed["metadata"]["resourceVersion"]
+            now = time.monotonic()
+            for pod in listed.get("items") or []:
+                self._seen(pod, now)
+            token = listed["metadata"].get("continue") or ""
+            if not token:
+                return version
 
     def stop(self) -> None:
         self._stop.set()
@@ -172,13 +195,14 @@ def create_namespaces(api: KubeAPI, count: int, prefix: str = "scale", workers: 
 
 
 def wait_service_accounts(api: KubeAPI, count: int, timeout: float = 300) -> None:
-    """ServiceAccount admission refuses pods until their namespace has its ``default`` account."""
+    """ServiceAccount admission refuses pods until their namespace has its ``default`` account.
+    Each check lists every such account, so checks are spaced by the count (10 s at 50,000)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, listed = api.request("GET", "/api/v1/serviceaccounts?fieldSelector=metadata.name%3Ddefault")
         if status == 200 and len(listed.get("items", [])) >= count:
             return
-        time.sleep(1)
+        time.sleep(max(1.0, count / 5000))
     raise RuntimeError("the default ServiceAccounts were not all created")
 
 
@@ -232,16 +256,19 @@ class Burst:
         with self._lock:
             self.failed.append(key)
 
-    def run(self, targets: list[tuple[str, str, bool]], rate: float, halfway: threading.Event) -> float:
+    def run(self, targets: list[tuple[str, str, bool]], rate: float, marks: list[threading.Event]) -> float:
+        """Offer every create at ``rate``; ``marks`` are set at evenly spaced points of the burst
+        (one: half-way; two: a third and two thirds of the way)."""
         start = time.monotonic()
+        at = {len(targets) * (k + 1) // (len(marks) + 1): mark for k, mark in enumerate(marks)}
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
             futures = []
             for i, target in enumerate(targets):
                 delay = start + i / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                if i == len(targets) // 2:
-                    halfway.set()
+                if i in at:
+                    at[i].set()
                 futures.append(pool.submit(self.create, *target))
             self.offered_s = time.monotonic() - start
             for future in futures:
@@ -265,18 +292,6 @@ def etcd_compact(url: str) -> int:
     return revision
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def run(
     work: Path,
     *,
@@ -287,57 +302,84 @@ def run(
     fault: str,
     binaries: K8sBinaries | None = None,
     log_dir: Path | None = None,
+    runtime: str = "fake-cri",
+    replicas: int = 3,
+    kwok_boards: int = 4,
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
-    Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs."""
+    Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
+    ``fake-cri`` runs one webhook host process; ``containerd`` installs the chart on the real
+    nodes with ``replicas`` webhook replicas in real containers (root, and the real-node tier's
+    images). ``kwok_boards``: boards per simulated node (4 time-sliced GPUs each)."""
+    faults = [f for f in fault.split("+") if f != "none"]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise ValueError(f"fault {unknown[0]!r}: one of {', '.join(FAULTS)}, or several joined by '+'")
     result: dict[str, Any] = {
         "kwok_nodes": kwok_nodes,
         "namespaces": namespaces,
         "pods": pods,
         "rate": rate,
         "fault": fault,
+        "runtime": runtime,
+        "kwok_boards": kwok_boards,
     }
     with MiniCluster(
-        work, binaries=binaries, log_dir=log_dir, plugin_config=None, kwok_nodes=kwok_nodes
+        work,
+        binaries=binaries,
+        log_dir=log_dir,
+        plugin_config=None,
+        kwok_nodes=kwok_nodes,
+        kwok_boards=kwok_boards,
+        runtime=runtime,
     ) as cluster:
         result["cluster_up_s"] = cluster.timings.get("total")
-        webhook = cluster.install_webhook()
+        webhook: WebhookUnderTest
+        if runtime == "containerd":
+            webhook = ChartWebhook(cluster, work, replicas)
+            result["replicas"] = replicas
+            result["helm_install_s"] = webhook.install_s
+        else:
+            webhook = HostWebhook(cluster)
         api = cluster.api
         t = time.monotonic()
         names = create_namespaces(api, namespaces)
-        wait_service_accounts(api, namespaces + 5)
+        wait_service_accounts(api, namespaces + 5, timeout=300 + namespaces / 100)
         result["namespaces_s"] = round(time.monotonic() - t, 1)
         targets = [(names[i % namespaces], f"gpu-{i:06d}", i % AFFINITY_EVERY == 1) for i in range(pods)]
         watch = PodWatch(ApiServer.from_kubeconfig(cluster.kubeconfig)).start()
         burst = Burst(api)
-        halfway = threading.Event()
-        fault_info: dict[str, Any] = {}
+        marks = [threading.Event() for _ in faults]
+        fault_info: dict[str, dict[str, Any]] = {}
 
-        def inject() -> None:
-            halfway.wait()
-            at = time.monotonic()
+        def inject(fault: str, mark: threading.Event) -> None:
+            """One fault at its mark, in a thread of its own: the next one's mark does not wait
+            for this one's recovery (a killed replica coming back, say)."""
+            mark.wait()
+            at, info = time.monotonic(), fault_info.setdefault(fault, {})
             if fault == "apiserver-restart":
                 api.restart(2.0)
             elif fault == "webhook-kill":
-                assert webhook.process is not None
-                os.kill(webhook.process.pid, signal.SIGKILL)
-                webhook.process.popen.wait()
-                webhook.start(ready=True)
+                info.update(webhook.kill_one())
             elif fault == "compact":
                 assert cluster.etcd is not None
-                fault_info["revision"] = etcd_compact(cluster.etcd.url)
+                info["revision"] = etcd_compact(cluster.etcd.url)
             elif fault == "namespace-burst":
                 burst_names = create_namespaces(api, BURST_NAMESPACES, prefix="burst")
                 for i, namespace in enumerate(burst_names):
                     burst.create(namespace, f"burst-{i:05d}", False)
-            fault_info["seconds"] = round(time.monotonic() - at, 2)
+            info["seconds"] = round(time.monotonic() - at, 2)
 
-        pid = webhook.process.pid if webhook.process is not None else 0
-        cpu_before = cpu_seconds(pid)
-        injector = threading.Thread(target=inject, daemon=True)
-        injector.start()
-        result["burst_s"] = round(burst.run(targets, rate, halfway), 1)
-        injector.join(timeout=300)
+        cpu_before = cpu_of(webhook)
+        injectors = [
+            threading.Thread(target=inject, args=pair, daemon=True)
+            for pair in zip(faults, marks, strict=True)
+        ]
+        for injector in injectors:
+            injector.start()
+        result["burst_s"] = round(burst.run(targets, rate, marks), 1)
+        for injector in injectors:
+            injector.join(timeout=300)
         result["fault_info"] = fault_info
         result["offered_rate"] = round(pods / burst.offered_s, 1)
         result["stored_rate"] = round(pods / result["burst_s"], 1)
@@ -347,11 +389,13 @@ def run(
         ):
             time.sleep(0.5)
         watch.stop()
-        pid = webhook.process.pid if webhook.process is not None else 0
-        result["webhook_rss_mib"] = round(rss_mib(pid), 1)
+        rss = rss_by_replica(webhook)
+        result["webhook_rss_mib"] = max(rss.values(), default=0.0)
+        if len(rss) > 1:
+            result["webhook_rss_mib_by_replica"] = rss
         reviews = len(burst.created)
-        if fault != "webhook-kill":  # a killed process's CPU is gone with it
-            result["webhook_cpu_ms_per_review"] = round((cpu_seconds(pid) - cpu_before) / reviews * 1000, 2)
+        if "webhook-kill" not in faults:  # a killed process's CPU is gone with it
+            result["webhook_cpu_ms_per_review"] = round((cpu_of(webhook) - cpu_before) / reviews * 1000, 2)
 
         startup = [watch.running[k] - burst.created[k] for k in burst.created if k in watch.running]
         scheduling = {
@@ -367,8 +411,7 @@ def run(
         text = metrics_text if isinstance(metrics_text, str) else ""
         admission = "apiserver_admission_webhook_admission_duration_seconds"
         match = {"operation": "CREATE", "type": "admit"}
-        with webhook.client() as client:
-            own = client.get("/metrics").text
+        own = "\n".join(webhook.metrics())  # the replicas' histograms add up
         result.update(
             {
                 "pods_created": len(burst.created),

@@ -200,6 +200,7 @@ class MiniCluster:
         runtime: str = "fake-cri",
         kwok_nodes: int = 0,
         kwok_dra_every: int = 4,
+        kwok_boards: int = 4,
     ) -> None:
         """``plugin_config``: the plugins' ix-config (None: start no plugin). ``containers_path``: the
         containers' PATH (default: this interpreter's directory, then the system's). ``log_dir``:
@@ -213,7 +214,8 @@ class MiniCluster:
         ``nodes``) or ``containerd`` (real containers on the real nodes of tests/k8s/real_nodes.py,
         kube-proxy included; no plugin is started there, the chart installs it: ``plugin_config``
         must be None). ``kwok_nodes``: that many simulated GPU nodes besides (tests/k8s/kwok.py),
-        every ``kwok_dra_every``-th a DRA node with its ResourceSlice."""
+        every ``kwok_dra_every``-th a DRA node with its ResourceSlice, each of ``kwok_boards``
+        boards."""
         if runtime not in ("fake-cri", "containerd"):
             raise ValueError(f"runtime: {runtime!r}")
         if runtime == "containerd" and plugin_config is not None:
@@ -243,6 +245,7 @@ class MiniCluster:
         self.timings: dict[str, float] = {}
         self.kwok_nodes = kwok_nodes
         self.kwok_dra_every = kwok_dra_every
+        self.kwok_boards = kwok_boards
         self.kwok: Process | None = None
         self.kwok_node_names: list[str] = []
 
@@ -426,7 +429,9 @@ class MiniCluster:
         from tests.k8s import kwok
 
         binary = kwok.build_kwok()
-        self.kwok_node_names = kwok.create_nodes(self.api, self.kwok_nodes, dra_every=self.kwok_dra_every)
+        self.kwok_node_names = kwok.create_nodes(
+            self.api, self.kwok_nodes, dra_every=self.kwok_dra_every, boards=self.kwok_boards
+        )
         self.kwok = kwok.start_kwok(binary, self.api, self.work_dir / "kwok", self.log_dir)
         names = self.kwok_node_names
         wait_until(

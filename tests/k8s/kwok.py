@@ -44,12 +44,13 @@ DRIVER = "gpu.iluvatar.com"
 PRODUCTS = (("Iluvatar BI-V100", 1, 32768), ("Iluvatar BI-V150", 2, 32768), ("Iluvatar MR-V100", 1, 16384))
 """(product, chips per board, MiB per chip), taken in turn by the simulated nodes."""
 BOARDS = 4
-"""Boards per simulated node."""
+"""Boards per simulated node (default)."""
 TAINT = {"key": ANNOTATION, "value": "fake", "effect": "NoSchedule"}
 TOLERATION = {"key": ANNOTATION, "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 """What a pod meant for the simulated nodes carries."""
 REPLICAS = 4
-"""Pods per board (time slicing, as the seed's ConfigMap has it): 16 ``iluvatar.com/gpu`` a node."""
+"""Pods per board (time slicing, as the seed's ConfigMap has it): 16 ``iluvatar.com/gpu`` a node
+with the default boards."""
 
 STAGES = """\
 apiVersion: config.kwok.x-k8s.io/v1alpha1
@@ -188,10 +189,10 @@ def build_kwok() -> Path:
     return build_go_command("kwok", KWOK_VERSION, "IX_GPU_KWOK_BIN")
 
 
-def chips(node: str, product: str, per_board: int, memory_mib: int) -> list[Chip]:
+def chips(node: str, product: str, per_board: int, memory_mib: int, boards: int = BOARDS) -> list[Chip]:
     """The chips the fake backend would report for a simulated node of ``product``."""
     found = []
-    for board in range(BOARDS):
+    for board in range(boards):
         for position in range(per_board):
             index = board * per_board + position
             found.append(
@@ -210,12 +211,12 @@ def chips(node: str, product: str, per_board: int, memory_mib: int) -> list[Chip
 
 
 def node_body(
-    name: str, index: int, *, dra: bool, replicas: int = REPLICAS
+    name: str, index: int, *, dra: bool, replicas: int = REPLICAS, boards: int = BOARDS
 ) -> tuple[dict[str, Any], list[Chip]]:
     """A simulated GPU node and its chips: every third node of each product in turn, each board
     shared ``replicas`` times (the seed's ``sharing.timeSlicing.replicas``)."""
     product, per_board, memory = PRODUCTS[index % len(PRODUCTS)]
-    node_chips = chips(name, product, per_board, memory)
+    node_chips = chips(name, product, per_board, memory, boards)
     devices = build_device_list(node_chips, splitboard=False, replicas=replicas)
     labels = {"kubernetes.io/hostname": name, "type": "kwok", **node_labels(devices)}
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
@@ -234,17 +235,23 @@ def node_body(
 
 
 def create_nodes(
-    api: KubeAPI, count: int, *, dra_every: int = 4, replicas: int = REPLICAS, workers: int = 8
+    api: KubeAPI,
+    count: int,
+    *,
+    dra_every: int = 4,
+    replicas: int = REPLICAS,
+    boards: int = BOARDS,
+    workers: int = 8,
 ) -> list[str]:
-    """``count`` simulated GPU nodes ``kwok-gpu-<i>``; every ``dra_every``-th (0: none) is a DRA
-    node with its ResourceSlice. Returns their names."""
+    """``count`` simulated GPU nodes ``kwok-gpu-<i>`` of ``boards`` boards each; every
+    ``dra_every``-th (0: none) is a DRA node with its ResourceSlice. Returns their names."""
     server = ApiServer.from_kubeconfig(api.kubeconfig)
     names = [f"kwok-gpu-{i:05d}" for i in range(count)]
 
     def one(index: int) -> None:
         name = names[index]
         dra = dra_every > 0 and index % dra_every == dra_every - 1
-        body, node_chips = node_body(name, index, dra=dra, replicas=replicas)
+        body, node_chips = node_body(name, index, dra=dra, replicas=replicas, boards=boards)
         status, reply = api.request("POST", "/api/v1/nodes", body)
         if status not in (201, 409):
             raise RuntimeError(f"node {name}: {status} {str(reply)[:300]}")

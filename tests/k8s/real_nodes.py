@@ -405,6 +405,23 @@ def cgroup_hierarchies() -> list[Path]:
     return out
 
 
+def container_cgroup(pod: dict[str, Any], container: str, controller: str) -> Path:
+    """The host directory of a running container's cgroup in ``controller``'s hierarchy (cgroup
+    v1), found by its container ID under its node's cgroup root."""
+    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+    container_id = status["containerID"].split("://", 1)[1]
+    node = pod["spec"]["nodeName"]
+    matches = list(Path(f"/sys/fs/cgroup/{controller}/ixt-{node}").rglob(container_id))
+    assert len(matches) == 1, (controller, container_id, matches)
+    return matches[0]
+
+
+def container_pids(pod: dict[str, Any], container: str) -> list[int]:
+    """A running container's host PIDs, lowest (its first process) first."""
+    procs = container_cgroup(pod, container, "pids") / "cgroup.procs"
+    return sorted(int(p) for p in procs.read_text().split())
+
+
 def make_cgroup_root(name: str) -> None:
     """``/<name>`` in every hierarchy, cpuset initialised from its parent (v1 needs cpus and mems
     before a child can hold a task)."""

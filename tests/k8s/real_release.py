@@ -204,6 +204,26 @@ class Release:
         return str(self.api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log{query}")[1])
 
 
+def require_real_nodes(config: pytest.Config) -> list[tuple[str, str, str]]:
+    """Before a real-node cluster starts: skip where the tier was not asked for or this machine
+    cannot run real nodes (the reason kept for the session's summary), fail where a real-node
+    cluster is already here. Returns the host's own KUBE-* chains (another kubelet's or
+    kube-proxy's, not ours to judge), which ``leftovers(keep=...)`` leaves out afterwards."""
+    if not _tier_requested(config):
+        pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
+    reason = host_settings.unfit_reason()
+    if reason:
+        skip_real_nodes(config, reason)
+    try:
+        misc_devices()
+    except host_settings.HostUnfit as err:
+        skip_real_nodes(config, str(err))
+    host_chains = kube_chains()
+    stale = leftovers(keep=host_chains)
+    assert not stale, f"a real-node cluster is already on this machine: {stale}"
+    return host_chains
+
+
 def open_release(
     request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
@@ -219,19 +239,7 @@ def open_release(
 
     A machine that cannot run real nodes (not root, a read-only ``/proc/sys``, no iptables, ...)
     skips the module with the reason; the reason is also kept for the session's summary."""
-    if not _tier_requested(request.config):
-        pytest.skip("real-Kubernetes tier: run with -m k8s (or IX_GPU_K8S=1)")
-    reason = host_settings.unfit_reason()
-    if reason:
-        skip_real_nodes(request.config, reason)
-    try:
-        misc_devices()
-    except host_settings.HostUnfit as err:
-        skip_real_nodes(request.config, str(err))
-    # KUBE-* rules already on the host are another kubelet's or kube-proxy's, not ours to judge.
-    host_chains = kube_chains()
-    stale = leftovers(keep=host_chains)
-    assert not stale, f"a real-node cluster is already on this machine: {stale}"
+    host_chains = require_real_nodes(request.config)
     helm = build_helm()
     work = tmp_path_factory.mktemp("real-nodes")
     with contextlib.ExitStack() as stack:

@@ -324,8 +324,11 @@ def test_every_dashboard_query_parses_and_a_shared_chip_shows_on_each_pod(
                     {
                         "expr": queries["Utilization of the chips each pod holds A"],
                         "eval_time": "2m",
+                        # An empty label value is no label to Prometheus: a device-plugin holder
+                        # has no claim label.
                         "exp_samples": [
-                            {"labels": f'{{{CHIP},{holder},pod="{pod}"}}', "value": 40} for pod in ("a", "b")
+                            {"labels": f'{{{CHIP},namespace="ml",container="main",pod="{pod}"}}', "value": 40}
+                            for pod in ("a", "b")
                         ],
                     },
                     {

@@ -40,7 +40,7 @@ from tests.k8s import host_settings, training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
-from tests.k8s.real_nodes import REAL_NODES
+from tests.k8s.real_nodes import REAL_NODES, container_cgroup, container_pids
 from tests.k8s.real_release import (
     APP_LIBRARY_PATH,
     NAMESPACE,
@@ -82,16 +82,6 @@ for source in glob.glob("/opt/ix-gpu/lib/python3.11/site-packages/**/*.py", recu
     stale += flags == 0 and (mtime, size) != (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
 print(f"bytecode: {stale} stale, {missing} missing")
 """
-
-
-def container_cgroup(pod: dict[str, Any], container: str, controller: str) -> Path:
-    """The host directory of a container's cgroup (cgroup v1) on a real node."""
-    (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
-    container_id = status["containerID"].split("://", 1)[1]
-    node = pod["spec"]["nodeName"]
-    matches = list(Path(f"/sys/fs/cgroup/{controller}/ixt-{node}").rglob(container_id))
-    assert len(matches) == 1, (controller, container_id, matches)
-    return matches[0]
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +223,7 @@ def test_webhook_pods_run_as_non_root_read_only_with_their_memory_limit_and_pass
         assert status["restartCount"] == 0, status
         limit = container_cgroup(pod, "webhook", "memory") / "memory.limit_in_bytes"
         assert int(limit.read_text()) == 256 * 2**20, limit
-        pid = int((container_cgroup(pod, "webhook", "pids") / "cgroup.procs").read_text().split()[0])
+        pid = container_pids(pod, "webhook")[0]
         uids = [
             line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")
         ]
@@ -424,9 +414,7 @@ def test_a_webhook_container_killed_is_replaced_and_no_gpu_pod_is_admitted_unmut
     ns = new_namespace(api, namespace)
     victims = release.pods("webhook")
     for pod in victims:  # both replicas: until one is back, the apiserver has nowhere to send reviews
-        pid = min(
-            int(p) for p in (container_cgroup(pod, "webhook", "pids") / "cgroup.procs").read_text().split()
-        )
+        pid = container_pids(pod, "webhook")[0]
         os.kill(pid, 9)  # the container's first process: what `kill -9 1` inside it would hit
     refused: list[str] = []
     admitted = 0

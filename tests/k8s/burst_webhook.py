@@ -1,0 +1,155 @@
+"""The webhook a burst runs against, in either of the two forms the tier has, behind one small
+interface: its processes (for CPU and RSS), its own ``/metrics`` and a SIGKILL.
+
+- :class:`HostWebhook`: one ``ix-gpu webhook`` host process (the fake-cri mini cluster, where pods
+  are host processes and nothing runs the chart); a kill is followed by starting it again, as a
+  kubelet would.
+- :class:`ChartWebhook`: charts/ix-gpu installed with helm on the real-node cluster, its webhook
+  Deployment's replicas in real containers (containerd, runc) behind the chart's Service and
+  kube-proxy. A kill is a SIGKILL of one replica's first process from the host (``kill -9 1`` in the
+  container); the kubelet restarts the container and the Service keeps the other replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Protocol
+
+from tests.k8s.chart_values import real_node_chart_values
+from tests.k8s.cluster import MiniCluster
+from tests.k8s.k8s_tier import build_helm
+from tests.k8s.real_nodes import container_pids
+from tests.k8s.real_release import Release
+from tests.support.paths import ROOT
+from tests.support.processes import Process
+from tests.support.waiting import wait_until
+
+RELEASE = "ixs"
+CHART = ROOT / "charts" / "ix-gpu"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class WebhookUnderTest(Protocol):
+    def replica_pids(self) -> dict[str, list[int]]:
+        """Each replica's processes, by replica name."""
+
+    def metrics(self) -> list[str]:
+        """Each replica's own /metrics text."""
+
+    def kill_one(self) -> dict[str, Any]:
+        """SIGKILL one replica; returns when it serves again: what happened, with its seconds."""
+
+
+def cpu_of(webhook: WebhookUnderTest) -> float:
+    return sum(cpu_seconds(pid) for pids in webhook.replica_pids().values() for pid in pids)
+
+
+def rss_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
+    return {
+        name: round(sum(rss_mib(pid) for pid in pids), 1) for name, pids in webhook.replica_pids().items()
+    }
+
+
+class HostWebhook:
+    def __init__(self, cluster: MiniCluster) -> None:
+        self.webhook = cluster.install_webhook()
+
+    @property
+    def process(self) -> Process:
+        assert self.webhook.process is not None
+        return self.webhook.process
+
+    def replica_pids(self) -> dict[str, list[int]]:
+        return {"ix-gpu-webhook": [self.process.pid]}
+
+    def metrics(self) -> list[str]:
+        with self.webhook.client() as client:
+            return [client.get("/metrics").text]
+
+    def kill_one(self) -> dict[str, Any]:
+        at = time.monotonic()
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.popen.wait()
+        self.webhook.start(ready=True)
+        return {"killed": "ix-gpu-webhook", "serving_again_s": round(time.monotonic() - at, 2)}
+
+
+class ChartWebhook:
+    def __init__(self, cluster: MiniCluster, work: Path, replicas: int) -> None:
+        """``helm install --wait`` of charts/ix-gpu with the real-node values and ``replicas``
+        webhook replicas; RuntimeError with helm's words when it fails."""
+        assert cluster.real_nodes is not None and cluster.real_nodes.images is not None
+        values = real_node_chart_values(cluster.real_nodes.images)
+        values["webhook"] = {"replicas": replicas}
+        self.release = Release(cluster, build_helm(), work, values)
+        self.replicas = replicas
+        started = time.monotonic()
+        result = self.release.helm(
+            "install", RELEASE, str(CHART), "--create-namespace", "-f", str(self.release.values_file()),
+            "--wait", "--timeout", "5m", timeout=330,
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"helm install: {result.stdout}{result.stderr}")
+        self.install_s = round(time.monotonic() - started, 1)
+        # Unverified TLS: this reads figures from each replica's pod IP, not the webhook's identity
+        # (the apiserver checks that on every review).
+        self._tls = ssl.create_default_context()
+        self._tls.check_hostname = False
+        self._tls.verify_mode = ssl.CERT_NONE
+
+    def pods(self) -> list[dict[str, Any]]:
+        return self.release.pods("webhook")
+
+    def replica_pids(self) -> dict[str, list[int]]:
+        return {p["metadata"]["name"]: container_pids(p, "webhook") for p in self.pods() if _ready(p)}
+
+    def metrics(self) -> list[str]:
+        port = self.release.values.get("webhook", {}).get("port", 8443)
+        texts = []
+        for pod in self.pods():
+            url = f"https://{pod['status']['podIP']}:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=10, context=self._tls) as response:
+                texts.append(response.read().decode())
+        return texts
+
+    def kill_one(self) -> dict[str, Any]:
+        (victim, *_) = sorted(self.pods(), key=lambda p: str(p["metadata"]["name"]))
+        name = victim["metadata"]["name"]
+        restarts = _restarts(victim)
+        at = time.monotonic()
+        os.kill(container_pids(victim, "webhook")[0], signal.SIGKILL)
+
+        def back() -> bool:
+            try:
+                pods = [p for p in self.pods() if p["metadata"]["name"] == name]
+            except (OSError, AssertionError):  # the apiserver down meanwhile (another fault)
+                return False
+            return bool(pods) and _restarts(pods[0]) > restarts and _ready(pods[0])
+
+        wait_until(back, f"webhook replica {name} restarted and Ready", 120, interval=0.2)
+        return {"killed": name, "serving_again_s": round(time.monotonic() - at, 2)}
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def _restarts(pod: dict[str, Any]) -> int:
+    return sum(s.get("restartCount", 0) for s in pod.get("status", {}).get("containerStatuses") or [])
