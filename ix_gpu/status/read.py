@@ -10,12 +10,13 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import urllib.error
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.list_watch import ApiListWatch
+from ix_gpu.status.view import ChipStatus, chips_from_metrics
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +25,34 @@ PLUGIN_COMPONENT = ("app.kubernetes.io/component", "device-plugin")
 METRICS_PORT_NAME = "metrics"
 
 
-def list_all(api: ApiServer, path: str, what: str, field_selector: str | None = None) -> list[Any]:
-    items, _ = ApiListWatch(api, path, what, list_timeout=60, field_selector=field_selector).list()
+def list_all(
+    api: ApiServer,
+    path: str,
+    what: str,
+    field_selector: str | None = None,
+    slim: Callable[[Any], Any] | None = None,
+) -> list[Any]:
+    items, _ = ApiListWatch(api, path, what, list_timeout=60, field_selector=field_selector, slim=slim).list()
     return items
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the view and the plugin lookup read of a pod, kept as each page is parsed: a cluster's
+    pods whole would cost the CLI gigabytes (150,000 pods at several KB each)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+
+    def container(c: dict[str, Any]) -> dict[str, Any]:
+        return {"resources": c.get("resources") or {}, "ports": c.get("ports") or []}
+
+    return {
+        "metadata": {k: meta.get(k) for k in ("namespace", "name", "labels")},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [container(c) for c in spec.get("containers") or []],
+            "initContainers": [container(c) for c in spec.get("initContainers") or []],
+        },
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
 
 
 def list_if_served(api: ApiServer, path: str, what: str) -> list[Any]:
@@ -39,10 +65,13 @@ def list_if_served(api: ApiServer, path: str, what: str) -> list[Any]:
         raise
 
 
-def plugin_metrics(api: ApiServer, pods: list[Mapping[str, Any]], workers: int = 16) -> dict[str, str | None]:
-    """Each device-plugin pod's /metrics by node name (None: it could not be read)."""
+def plugin_chips(
+    api: ApiServer, pods: list[Mapping[str, Any]], workers: int = 16
+) -> dict[str, list[ChipStatus] | None]:
+    """Each device-plugin pod's chips by node name, from its /metrics, parsed as it is read (None:
+    it could not be read)."""
 
-    def read(pod: Mapping[str, Any]) -> tuple[str, str | None]:
+    def read(pod: Mapping[str, Any]) -> tuple[str, list[ChipStatus] | None]:
         meta, spec = pod["metadata"], pod["spec"]
         node = spec.get("nodeName", "")
         port = next(
@@ -66,7 +95,7 @@ def plugin_metrics(api: ApiServer, pods: list[Mapping[str, Any]], workers: int =
         except OSError as exc:
             log.warning("cannot read %s/%s's /metrics: %s", meta["namespace"], meta["name"], exc)
             return node, None
-        return node, str(text)
+        return node, chips_from_metrics(str(text), node)
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return dict(pool.map(read, pods))
@@ -80,15 +109,15 @@ def read_cluster(api: ApiServer, *, chips: bool = True) -> dict[str, Any]:
         "/api/v1/pods",
         "pods",
         field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        slim=slim_pod,
     )
     slices = list_if_served(api, "/apis/resource.k8s.io/v1/resourceslices", "ResourceSlices")
     claims = (
         list_if_served(api, "/apis/resource.k8s.io/v1/resourceclaims", "ResourceClaims") if slices else []
     )
-    metrics: dict[str, str | None] = {}
+    found: dict[str, list[ChipStatus] | None] = {}
     if chips:
         key, value = PLUGIN_COMPONENT
-        metrics = plugin_metrics(
-            api, [p for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
-        )
-    return {"nodes": nodes, "pods": pods, "slices": slices, "claims": claims, "metrics": metrics}
+        plugins = [p for p in pods if (p["metadata"].get("labels") or {}).get(key) == value]
+        found = plugin_chips(api, plugins)
+    return {"nodes": nodes, "pods": pods, "slices": slices, "claims": claims, "chips": found}

@@ -120,7 +120,7 @@ def _pod_gpus(pod: Mapping[str, Any], resource: str) -> int:
     return max(regular, init)
 
 
-def _chips(text: str, node: str) -> list[ChipStatus]:
+def chips_from_metrics(text: str, node: str) -> list[ChipStatus]:
     """The chips of ``node`` in a device plugin's /metrics, with their problems and holders."""
     chips: dict[str, ChipStatus] = {}
     problems: list[tuple[str, str]] = []
@@ -195,11 +195,12 @@ def cluster_status(
     pods: Iterable[Mapping[str, Any]],
     slices: Sequence[Mapping[str, Any]],
     claims: Sequence[Mapping[str, Any]],
-    metrics: Mapping[str, str | None],
+    chips: Mapping[str, list[ChipStatus] | None],
 ) -> ClusterStatus:
     """The GPU nodes among ``nodes`` (those with ``resource``, the DRA allocation label or a slice
-    of ``driver``), each with what is in use and free. ``metrics``: each node's device-plugin
-    /metrics text, None where it could not be read (absent: no device plugin runs there)."""
+    of ``driver``), each with what is in use and free. ``chips``: each node's chips as its device
+    plugin's /metrics lists them (:func:`chips_from_metrics`), None where they could not be read
+    (absent: no device plugin was asked there)."""
     asked: dict[str, int] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -215,7 +216,7 @@ def cluster_status(
         name, node_labels = meta.get("name", ""), meta.get("labels") or {}
         allocatable = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0))
         dra = node_labels.get(labels.GPU_ALLOCATION) == "dra" or (name in slice_nodes and not allocatable)
-        if not dra and not allocatable and name not in metrics:
+        if not dra and not allocatable and name not in chips:
             continue
         status = NodeStatus(
             name=name,
@@ -233,10 +234,10 @@ def cluster_status(
         else:
             status.total, status.in_use = allocatable, asked.get(name, 0)
             status.free = max(allocatable - status.in_use, 0)
-        text = metrics.get(name)
-        if text is not None:
-            status.chips = _chips(text, name)
-        elif name in metrics:
+        found = chips.get(name)
+        if found is not None:
+            status.chips = found
+        elif name in chips:
             status.note = "chips unknown: the device plugin's /metrics could not be read"
         out.append(status)
     return ClusterStatus(resource=resource, driver=driver, nodes=sorted(out, key=lambda n: n.name))

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from ix_gpu.runtime.text_metrics import Gauge, labels_text
-from ix_gpu.status.view import cluster_status, render_text
+from ix_gpu.status.view import chips_from_metrics, cluster_status, render_text
 
 RESOURCE, DRIVER = "iluvatar.com/gpu", "gpu.iluvatar.com"
 CHIP_LABELS = ("node", "uuid", "index", "board", "product")
@@ -120,11 +120,16 @@ def status_of(**overrides: Any) -> dict[str, Any]:
                 }
             },
         ],
-        "metrics": {
-            "dp": metrics(
-                "dp", 8, {0: [("ml", "train", "")], 1: [("ml", "train", "")]}, {5: "over temperature"}
+        "chips": {
+            "dp": chips_from_metrics(
+                metrics(
+                    "dp", 8, {0: [("ml", "train", "")], 1: [("ml", "train", "")]}, {5: "over temperature"}
+                ),
+                "dp",
             ),
-            "dra": metrics("dra", 4, {0: [("ml", "a", "ml/shared"), ("ml", "b", "ml/shared")]}, {}),
+            "dra": chips_from_metrics(
+                metrics("dra", 4, {0: [("ml", "a", "ml/shared"), ("ml", "b", "ml/shared")]}, {}), "dra"
+            ),
             "lost": None,
         },
     }
@@ -181,7 +186,7 @@ def test_a_plugin_that_could_not_be_read_leaves_counts_and_says_so() -> None:
     (lost,) = [n for n in status_of()["nodes"] if n["name"] == "lost"]
     assert (lost["total"], lost["in_use"], lost["free"], lost["chips"]) == (4, 1, 3, [])
     assert "could not be read" in lost["note"]
-    (quiet,) = [n for n in status_of(metrics={})["nodes"] if n["name"] == "dp"]
+    (quiet,) = [n for n in status_of(chips={})["nodes"] if n["name"] == "dp"]
     assert quiet["chips"] == [] and quiet["note"] == ""  # --no-chips: nothing asked, nothing claimed
 
 
@@ -196,7 +201,9 @@ def test_text_lists_nodes_then_each_nodes_chips_and_devices() -> None:
             pods=[pod("ml", "train", "dp", 2)],
             slices=[slice_("dra", 2)],
             claims=[claim("ml", "shared", "dra", "gpu-0", ["a"])],
-            metrics={"dp": metrics("dp", 2, {0: [("ml", "train", "")]}, {1: "ECC error"})},
+            chips={
+                "dp": chips_from_metrics(metrics("dp", 2, {0: [("ml", "train", "")]}, {1: "ECC error"}), "dp")
+            },
         )
     )
     lines = text.splitlines()
@@ -207,3 +214,15 @@ def test_text_lists_nodes_then_each_nodes_chips_and_devices() -> None:
     assert "ml/train" in text and "Unhealthy (ECC error)" in text
     assert any(line.split()[:1] == ["gpu-0"] and "ml/shared" in line and "ml/a" in line for line in lines)
     json.dumps(status_of())  # the JSON form is JSON
+
+
+def test_pods_cut_down_as_listed_give_the_same_view() -> None:
+    """``read.slim_pod`` keeps only what the view reads, so a cluster's pods cost the CLI little."""
+    from ix_gpu.status.read import slim_pod
+
+    whole = pod("ml", "train", "dp", 2)
+    whole["spec"]["containers"][0]["env"] = [{"name": "BIG", "value": "x" * 10_000}]
+    whole["metadata"]["managedFields"] = [{"manager": "kubectl"}] * 50
+    slim = slim_pod(whole)
+    assert len(json.dumps(slim)) < 400
+    assert status_of(pods=[slim]) == status_of(pods=[whole])
