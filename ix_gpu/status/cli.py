@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from ix_gpu.runtime.usage import UsageError
@@ -57,6 +58,8 @@ def run_status(args: argparse.Namespace) -> int:
     from ix_gpu.status.view import cluster_status, render_text
 
     logging.basicConfig(level=logging.WARNING, format="ix-gpu status: %(message)s")
+    if args.kubeconfig is not None and not Path(args.kubeconfig).is_file():
+        raise UsageError(f"--kubeconfig {args.kubeconfig}: no such file")
     try:
         api = user_api_server(args.kubeconfig)
     except ValueError as exc:
