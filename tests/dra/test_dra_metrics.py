@@ -129,3 +129,25 @@ def test_healthz_fails_while_the_health_loop_waits_to_restart(
     status, _, body = asyncio.run(scenario())
     assert status == 503
     assert body == "the health loop failed (RuntimeError: boom) and is waiting to restart\n"
+
+
+def test_a_metrics_port_in_use_stops_the_plugin_with_one_line_and_no_socket(
+    short_tmp: Path,
+    fake_devices: Path,
+    resource_api: tuple[FakeResourceApi, ApiServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import socket
+
+    from ix_gpu.node.backends.fake import FakeBackend
+
+    _, api = resource_api
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = dataclasses.replace(settings(short_tmp), metrics_port=port, metrics_host="127.0.0.1")
+        code = asyncio.run(DraApp(config, FakeBackend(fake_devices), api).run())
+    assert code == 1
+    assert f"cannot serve /healthz and /metrics on 127.0.0.1:{port}" in caplog.text
+    assert not config.registration_socket.exists() and not config.dra_socket.exists()
