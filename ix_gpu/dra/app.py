@@ -40,7 +40,7 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.allocation import NodeFacts, Verdict, dra_verdict
 from ix_gpu.dra.checkpoint import Checkpoint
 from ix_gpu.dra.claims import ClaimReader
-from ix_gpu.dra.devices import DraDevice, UnhealthyMode, dra_devices, slice_devices
+from ix_gpu.dra.devices import DraDevice, UnhealthyMode, counter_sets, dra_devices, slice_devices
 from ix_gpu.dra.health_stream import HealthReports, HealthV1alpha1Servicer, HealthV1Servicer
 from ix_gpu.dra.metrics import DraMetrics, DraState, render_metrics
 from ix_gpu.dra.prepare import Preparer
@@ -77,6 +77,8 @@ class DraSettings:
     splitboard: bool
     driver_root: str | None = None
     unhealthy: UnhealthyMode = "taint"
+    partitionable: bool = True
+    """Publish boards and their chips with shared counters where the cluster serves them."""
     health_interval: float = 5.0
     """How often the chips' health is read and the slice (and the allocation verdict, from the
     node's watch) brought up to date."""
@@ -148,6 +150,9 @@ class DraApp:
         self.unhealthy: UnhealthyMode = settings.unhealthy
         """How unhealthy devices are published: ``--unhealthy``, until the apiserver is seen to
         drop device taints (then ``remove``)."""
+        self.partitionable = settings.partitionable
+        """Boards and their chips with shared counters (:mod:`ix_gpu.dra.devices`), until the
+        apiserver is seen to drop the counters (then the plain layout)."""
         self.api_errors: collections.Counter[str] = collections.Counter()
         """Requests to the API server that failed, by call: ``node_read``, ``slice_write`` (the
         GET or the PUT/POST of the slice)."""
@@ -174,7 +179,13 @@ class DraApp:
         except BackendError as exc:
             self._chips = [dataclasses.replace(chip, unhealthy_reason=str(exc)) for chip in self._chips]
             self._note(f"backend {self.backend.name}: {exc}")
-        self.devices = {d.name: d for d in dra_devices(self._chips, splitboard=self.settings.splitboard)}
+        self._layout()
+
+    def _layout(self) -> None:
+        found = dra_devices(
+            self._chips, splitboard=self.settings.splitboard, partitionable=self.partitionable
+        )
+        self.devices = {d.name: d for d in found}
 
     def check_allocation(self) -> Verdict:
         """Decide from the node as last heard (its watch). Logged on change."""
@@ -224,7 +235,7 @@ class DraApp:
             return False
         try:
             if self.allocation.allowed:
-                changed = self.publisher.publish(devices)
+                changed = self.publisher.publish(devices, counter_sets(self.devices.values()))
             else:
                 changed = self.publisher.publish([], create=False)
         except OSError as exc:  # every error of the API client is an OSError
@@ -243,6 +254,17 @@ class DraApp:
                 self.publisher.name,
             )
             self.unhealthy = "remove"
+            return self.publish() or changed
+        if self.publisher.counters_dropped and self.partitionable:
+            log.warning(
+                "the API server dropped the shared counters of this node's ResourceSlices (its "
+                "DRAPartitionableDevices feature is off; on by default from Kubernetes 1.36): a board "
+                "would be allocatable together with its own chips, so each %s is published alone, as "
+                "splitboard says, and a claim cannot pick boards or chips",
+                "chip" if self.settings.splitboard else "board",
+            )
+            self.partitionable = False
+            self._layout()
             return self.publish() or changed
         return changed
 

@@ -126,6 +126,15 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         "DRADeviceTaints, on by default since 1.36), or leaves the slice (default taint)",
     )
     dra.add_argument(
+        "--partitionable",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: publish each multi-chip board as the whole board and each of its chips, with shared "
+        "counters so that no two overlap, and let each claim pick (DRAPartitionableDevices, on by default "
+        "since 1.36; where the API server drops the counters, the plain layout); off: only the form "
+        "splitboard picks (default auto)",
+    )
+    dra.add_argument(
         "--health-interval",
         type=interval_seconds,
         default=5.0,
@@ -227,6 +236,7 @@ def run_dra(args: argparse.Namespace) -> int:
         splitboard=config.splitboard,
         driver_root=args.driver_root or config.cdi_driver_root,
         unhealthy=args.unhealthy,
+        partitionable=args.partitionable == "auto",
         health_interval=args.health_interval,
         config_dir=config_dir,
         default_config=args.default_config,

@@ -1,13 +1,25 @@
 """From chips to the devices of a ResourceSlice (``resource.k8s.io/v1``): names, attributes,
-capacity and health taints. Pure: no I/O, no gRPC.
+capacity, shared counters and health taints. Pure: no I/O, no gRPC.
 
-The unit is the device plugin's (:func:`ix_gpu.node.devices.device_list.physical_devices`): one
-device per chip with ``splitboard: true``, one per board otherwise, so the two plugins agree on
-what a pod may own. Time-slicing replicas have no DRA form: pods that share a GPU reference one
-ResourceClaim.
+Two layouts, decided by what the cluster serves (:mod:`ix_gpu.dra.slices` reads it back):
+
+* **Partitionable** (``DRAPartitionableDevices``, beta and on from Kubernetes 1.36): a board of
+  several chips is published as the whole board *and* each of its chips, every one of them
+  consuming from one counter set per board (a counter per chip), so the scheduler never allocates
+  the board together with one of its chips, or a chip twice. Each claim picks its form: the
+  ``wholeBoard`` and ``chips`` attributes say which a device is. A one-chip board is one device.
+  ``splitboard`` picks the form the default DeviceClass selects: the ``defaultForm`` attribute is
+  true on the chips with ``splitboard: true``, on the boards otherwise.
+* **Plain** (older clusters, where the apiserver drops counters silently): the device plugin's
+  unit (:func:`ix_gpu.node.devices.device_list.physical_devices`), one device per chip with
+  ``splitboard: true``, one per board otherwise, all of them ``defaultForm``.
+
+Either way the device plugin and the DRA driver agree on what a pod may own. Time-slicing replicas
+have no DRA form: pods that share a GPU reference one ResourceClaim.
 
 Names (:mod:`ix_gpu.node.devices.dra_names`): a chip device is ``gpu-<index>`` and a board device
-``board-<index of its first chip>``. The UUID is an attribute, which is what a selector should
+``board-<index of its first chip>`` (a one-chip board is ``gpu-<index>`` when partitionable, as
+it is a chip too). The UUID is an attribute, which is what a selector should
 match on when it means one physical GPU.
 
 Attribute names without a domain belong to the driver's domain: CEL sees ``product`` as
@@ -24,6 +36,7 @@ device leaves the slice) exists for those.
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,6 +56,7 @@ NUMA_NODE = "resource.kubernetes.io/numaNode"
 MAX_STRING = 64
 """A string or version attribute's limit in ``resource.k8s.io/v1``."""
 TAINT_EFFECT = "NoSchedule"
+ONE = {"value": "1"}
 
 # semver 2.0.0, as the apiserver checks a ``version`` attribute; a driver version that is not
 # one (``4.1.0.20240101``) is published as a string instead of being refused.
@@ -59,8 +73,12 @@ class DraDevice:
 
     name: str
     physical: PhysicalDevice
-    board: bool
-    """True when the device is a whole board (``splitboard: false``)."""
+    whole_board: bool
+    """The device is every chip of its board (a one-chip board's chip is one too)."""
+    default_form: bool = True
+    """The default DeviceClass selects it: the form ``splitboard`` picks."""
+    counter_set: str | None = None
+    """The board's counter set it consumes from (partitionable layout, multi-chip boards only)."""
 
     @property
     def healthy(self) -> bool:
@@ -71,12 +89,26 @@ class DraDevice:
         return "; ".join(chip.unhealthy_reason for chip in self.physical.chips if chip.unhealthy_reason)
 
 
-def dra_devices(chips: Iterable[Chip], *, splitboard: bool) -> tuple[DraDevice, ...]:
-    """This node's devices, in device-node order (what ``ix-gpu devices`` prints)."""
-    out = []
-    for phys in physical_devices(chips, splitboard):
-        name = dra_device_name(phys, board=not splitboard)
-        out.append(DraDevice(name=name, physical=phys, board=not splitboard))
+def dra_devices(
+    chips: Iterable[Chip], *, splitboard: bool, partitionable: bool = False
+) -> tuple[DraDevice, ...]:
+    """This node's devices, in device-node order (what ``ix-gpu devices`` prints); with
+    ``partitionable``, each multi-chip board is followed by its chips (module doc)."""
+    chips = list(chips)
+    board_size = collections.Counter(chip.board_id for chip in chips)
+    out: list[DraDevice] = []
+    for phys in physical_devices(chips, splitboard=not partitionable and splitboard):
+        if not partitionable:
+            whole = len(phys.chips) == board_size[phys.board_id]
+            out.append(DraDevice(dra_device_name(phys, board=not splitboard), phys, whole_board=whole))
+        elif len(phys.chips) == 1:
+            out.append(DraDevice(dra_device_name(phys, board=False), phys, whole_board=True))
+        else:
+            counters = dra_device_name(phys, board=True)
+            out.append(DraDevice(counters, phys, True, default_form=not splitboard, counter_set=counters))
+            for chip in (PhysicalDevice(id=c.uuid, chips=(c,), board_id=c.board_id) for c in phys.chips):
+                name = dra_device_name(chip, board=False)
+                out.append(DraDevice(name, chip, False, default_form=splitboard, counter_set=counters))
     names = [device.name for device in out]
     if len(set(names)) != len(names):
         raise ValueError(f"two devices would share a name (duplicate chip indices?): {sorted(names)}")
@@ -99,6 +131,8 @@ def attributes(device: DraDevice, vendor: Vendor) -> dict[str, Any]:
         "index": {"int": min(chip.index for chip in phys.chips)},
         "board": _string(phys.board_id),
         "chips": {"int": len(phys.chips)},
+        "wholeBoard": {"bool": device.whole_board},
+        "defaultForm": {"bool": device.default_form},
     }
     if first.pci_bus_id:
         found[PCI_BUS_ID] = _string(first.pci_bus_id)
@@ -117,10 +151,34 @@ def slice_device(device: DraDevice, vendor: Vendor, driver: str) -> dict[str, An
         "attributes": attributes(device, vendor),
         "capacity": {"memory": {"value": f"{device.physical.memory_mib}Mi"}},
     }
+    if device.counter_set is not None:
+        entry["consumesCounters"] = [
+            {
+                "counterSet": device.counter_set,
+                "counters": {_counter(chip): ONE for chip in device.physical.chips},
+            }
+        ]
     if not device.healthy:
         reason = label_value(device.unhealthy_reason)
         entry["taints"] = [{"key": f"{driver}/unhealthy", "value": reason, "effect": TAINT_EFFECT}]
     return entry
+
+
+def _counter(chip: Chip) -> str:
+    """A chip's counter in its board's set: a DNS label, by the chip's index on the node."""
+    return f"gpu-{chip.index}"
+
+
+def counter_sets(devices: Iterable[DraDevice]) -> list[dict[str, Any]]:
+    """``spec.sharedCounters`` for ``devices``: one set per multi-chip board, named like the board's
+    device, with one counter of 1 per chip. A board consumes all of them and a chip its own, so
+    the board and any of its chips, or one chip twice, never fit together."""
+    sets: dict[str, dict[str, Any]] = {}
+    for device in devices:
+        if device.counter_set is not None:
+            counters = sets.setdefault(device.counter_set, {"name": device.counter_set, "counters": {}})
+            counters["counters"].update({_counter(chip): ONE for chip in device.physical.chips})
+    return list(sets.values())
 
 
 def slice_devices(

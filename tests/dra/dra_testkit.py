@@ -22,7 +22,10 @@ DRIVER = "gpu.iluvatar.com"
 NODE = "node1"
 
 
-def settings(root: Path, *, splitboard: bool = True, unhealthy: UnhealthyMode = "taint") -> DraSettings:
+def settings(
+    root: Path, *, splitboard: bool = True, unhealthy: UnhealthyMode = "taint", partitionable: bool = False
+) -> DraSettings:
+    """The plain layout unless ``partitionable`` (tests/dra/test_dra_partitionable.py has that)."""
     return DraSettings(
         driver=DRIVER,
         node=NODE,
@@ -32,6 +35,7 @@ def settings(root: Path, *, splitboard: bool = True, unhealthy: UnhealthyMode = 
         checkpoint=root / "plugins" / DRIVER / "checkpoint.json",
         splitboard=splitboard,
         unhealthy=unhealthy,
+        partitionable=partitionable,
         health_interval=0.2,
     )
 

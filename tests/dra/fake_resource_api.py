@@ -48,6 +48,9 @@ class FakeResourceApi:
     """What each list answered, by its resourceVersion: the state a watch from it starts at."""
     drop_taints: bool = False
     """Store slices without their device taints, as an apiserver without DRADeviceTaints does."""
+    drop_counters: bool = False
+    """Drop shared counters and devices' counter consumption, as an apiserver without
+    DRAPartitionableDevices does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_node(
@@ -127,6 +130,9 @@ class FakeResourceApi:
                     if body["metadata"].get("resourceVersion") != stored["metadata"]["resourceVersion"]:
                         return 409, _status(409, "Conflict")
                     return 200, self._store(body)
+                if method == "DELETE":
+                    gone = self.slices.pop(name, None)
+                    return (200, gone) if gone else (404, _status(404, "NotFound"))
             return 404, _status(404, "NotFound")
 
     def matching(self, path: str, query: str) -> dict[str, dict[str, Any]]:
@@ -179,7 +185,11 @@ class FakeResourceApi:
         self.version += 1
         stored = copy.deepcopy(body)
         stored["metadata"]["resourceVersion"] = str(self.version)
-        for device in stored["spec"]["devices"]:
+        if self.drop_counters:  # an apiserver without DRAPartitionableDevices
+            stored["spec"].pop("sharedCounters", None)
+        for device in stored["spec"].get("devices", []):
+            if self.drop_counters:
+                device.pop("consumesCounters", None)
             if self.drop_taints:
                 device.pop("taints", None)
             for taint in device.get("taints", []):
@@ -284,6 +294,9 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
 
         def do_POST(self) -> None:
             self._answer("POST")
+
+        def do_DELETE(self) -> None:
+            self._answer("DELETE")
 
         def do_PUT(self) -> None:
             self._answer("PUT")

@@ -90,7 +90,10 @@ def test_the_node_label_picks_the_config_at_start(
         stored = wait_until(lambda: fake.slices.get(SLICE), "the ResourceSlice", 30, process=process)
     finally:
         assert process.stop() == 0, process.tail()
-    assert [d["name"] for d in stored["spec"]["devices"]] == devices
+    # Every board and chip is published (partitionable); the config picks the default form.
+    published = stored["spec"]["devices"]
+    assert [d["name"] for d in published] == ["board-0", "gpu-0", "gpu-1", "board-2", "gpu-2", "gpu-3"]
+    assert [d["name"] for d in published if d["attributes"]["defaultForm"]["bool"]] == devices
     picked = "boards" if devices[0].startswith("board") else "default"
     assert f"config {config_dir / picked}: splitboard=" in process.output()
 

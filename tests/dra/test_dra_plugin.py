@@ -201,6 +201,8 @@ def test_resource_slice_lists_chips_or_boards(
         "index": {"int": 0},
         "board": {"string": "board0"},
         "chips": {"int": chips},
+        "wholeBoard": {"bool": chips == 2},  # a BI-V150 board has two chips
+        "defaultForm": {"bool": True},  # the plain layout has one form
         "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
         "resource.kubernetes.io/numaNode": {"int": 0},
         "driverVersion": {"version": "4.1.0"},
