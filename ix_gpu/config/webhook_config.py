@@ -432,7 +432,7 @@ def vendor_profile(vendor: Vendor) -> Profile:
     return Profile(
         name=vendor.name,
         resources=(vendor.resource_name,),
-        device_classes=(vendor.device_class,) if vendor.device_class else (),
+        device_classes=vendor.device_classes,
         volumes=driver,
         device_nodes=DeviceNodes(inject=False, volumes=device_volumes),
         env=env,

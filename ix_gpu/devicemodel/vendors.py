@@ -36,9 +36,18 @@ class Vendor:
     """The DRA DeviceClass through which pods claim this vendor's GPUs (``ix-gpu dra`` and the
     chart's ``dra.enabled`` create it for Iluvatar); None where we ship no DRA driver."""
 
+    @property
+    def device_classes(self) -> tuple[str, ...]:
+        """The DeviceClasses the chart creates for the driver: :attr:`device_class`, which selects
+        the form ``splitboard`` picks (a board or a chip), and ``any.<device_class>``, which selects
+        boards and chips alike for a claim that picks one by attribute (:mod:`ix_gpu.dra.devices`)."""
+        return (self.device_class, f"{ANY_FORM_PREFIX}{self.device_class}") if self.device_class else ()
+
     def device_node(self, minor: int) -> str:
         return self.device_node_template.format(minor=minor)
 
+
+ANY_FORM_PREFIX = "any."
 
 ILUVATAR = Vendor(
     name="iluvatar",

@@ -34,6 +34,7 @@ def test_off_by_default_and_on_adds_exactly_the_dra_objects() -> None:
         ("ClusterRole", DRA),
         ("ClusterRoleBinding", DRA),
         ("DaemonSet", DRA),
+        ("DeviceClass", "any.gpu.iluvatar.com"),
         ("DeviceClass", "gpu.iluvatar.com"),
         ("ServiceAccount", DRA),
         ("ValidatingAdmissionPolicy", f"{DRA}-resourceslices"),
@@ -51,17 +52,31 @@ def test_dra_objects_are_valid_kubernetes_and_lint(kube_version: str) -> None:
     assert lint(ON)["errors"] == []
 
 
-def test_device_class_selects_our_driver_by_cel() -> None:
-    device_class = find(render(ON), "DeviceClass", "gpu.iluvatar.com")
+def _device(driver: str, **attributes: bool) -> dict[str, Any]:
+    return {"device": {"driver": driver, "attributes": {driver: attributes}}}
+
+
+def test_device_classes_select_the_default_form_or_any_form_of_our_driver_by_cel() -> None:
+    objects = render(ON)
+    device_class = find(objects, "DeviceClass", "gpu.iluvatar.com")
     assert device_class["apiVersion"] == "resource.k8s.io/v1"
     (selector,) = device_class["spec"]["selectors"]
     expression = selector["cel"]["expression"]
-    assert expression == 'device.driver == "gpu.iluvatar.com"'
-    assert cel.evaluate(expression, {"device": {"driver": "gpu.iluvatar.com"}}) is True
-    assert cel.evaluate(expression, {"device": {"driver": "gpu.nvidia.com"}}) is False
-    renamed = find(render({"dra": {"enabled": True, "driverName": "gpu.example.com"}}), "DeviceClass")
-    assert renamed["metadata"]["name"] == "gpu.example.com"
-    assert "gpu.example.com" in renamed["spec"]["selectors"][0]["cel"]["expression"]
+    ours, other = "gpu.iluvatar.com", "gpu.nvidia.com"
+    # The form the node's splitboard picks; a device from before the attribute counts as it.
+    assert cel.evaluate(expression, _device(ours, defaultForm=True)) is True
+    assert cel.evaluate(expression, _device(ours, defaultForm=False)) is False
+    assert cel.evaluate(expression, _device(ours)) is True
+    assert cel.evaluate(expression, _device(other, defaultForm=True)) is False
+    (selector,) = find(objects, "DeviceClass", "any.gpu.iluvatar.com")["spec"]["selectors"]
+    expression = selector["cel"]["expression"]
+    assert cel.evaluate(expression, _device(ours, defaultForm=False)) is True
+    assert cel.evaluate(expression, _device(other)) is False
+    renamed = render({"dra": {"enabled": True, "driverName": "gpu.example.com"}})
+    names = sorted(o["metadata"]["name"] for o in renamed if o["kind"] == "DeviceClass")
+    assert names == ["any.gpu.example.com", "gpu.example.com"]
+    expression = find(renamed, "DeviceClass", "gpu.example.com")["spec"]["selectors"][0]["cel"]["expression"]
+    assert cel.evaluate(expression, _device("gpu.example.com", defaultForm=True)) is True
 
 
 def test_extended_resource_name_goes_on_the_device_class_only_when_set() -> None:
@@ -87,7 +102,7 @@ def test_rbac_is_exactly_what_each_plugin_calls() -> None:
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["get", "create", "update"],
+            "verbs": ["get", "create", "update", "delete"],
         },
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     ]
