@@ -79,6 +79,9 @@ class DraSettings:
     unhealthy: UnhealthyMode = "taint"
     partitionable: bool = True
     """Publish boards and their chips with shared counters where the cluster serves them."""
+    replicas: int = 1
+    """``sharing.timeSlicing.replicas``: above 1, devices are shared in that many memory shares
+    where the cluster serves consumable capacity."""
     health_interval: float = 5.0
     """How often the chips' health is read and the slice (and the allocation verdict, from the
     node's watch) brought up to date."""
@@ -153,6 +156,8 @@ class DraApp:
         self.partitionable = settings.partitionable
         """Boards and their chips with shared counters (:mod:`ix_gpu.dra.devices`), until the
         apiserver is seen to drop the counters (then the plain layout)."""
+        self.shares = settings.replicas
+        """Memory shares per device, until the apiserver is seen to drop them (then 1)."""
         self.api_errors: collections.Counter[str] = collections.Counter()
         """Requests to the API server that failed, by call: ``node_read``, ``slice_write`` (the
         GET or the PUT/POST of the slice)."""
@@ -183,7 +188,10 @@ class DraApp:
 
     def _layout(self) -> None:
         found = dra_devices(
-            self._chips, splitboard=self.settings.splitboard, partitionable=self.partitionable
+            self._chips,
+            splitboard=self.settings.splitboard,
+            partitionable=self.partitionable,
+            shares=self.shares,
         )
         self.devices = {d.name: d for d in found}
 
@@ -254,6 +262,17 @@ class DraApp:
                 self.publisher.name,
             )
             self.unhealthy = "remove"
+            return self.publish() or changed
+        if self.publisher.shares_dropped and self.shares > 1:
+            log.warning(
+                "the API server dropped allowMultipleAllocations from this node's ResourceSlice (its "
+                "DRAConsumableCapacity feature is off; on by default from Kubernetes 1.36): each device "
+                "goes to one claim at a time, and sharing.timeSlicing.replicas=%d does not apply (pods "
+                "share a GPU by sharing one ResourceClaim)",
+                self.shares,
+            )
+            self.shares = 1
+            self._layout()
             return self.publish() or changed
         if self.publisher.counters_dropped and self.partitionable:
             log.warning(

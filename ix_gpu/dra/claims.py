@@ -51,6 +51,9 @@ class Allocated:
     request: str
     device: str
     share_id: str | None = None
+    memory: str | None = None
+    """The memory a shared device's allocation consumed (``consumedCapacity.memory``), as the
+    scheduler wrote it; None for a device allocated whole."""
 
 
 def claim_path(ref: ClaimRef) -> str:
@@ -179,5 +182,14 @@ def allocated(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) -> l
                 f"claim {ref}: device {device} is in pool {result_pool!r}, not this node's {pool!r}"
             )
         share = result.get("shareID")
-        found.append(Allocated(str(result.get("request", "")), device, str(share) if share else None))
+        consumed = result.get("consumedCapacity")
+        memory = consumed.get("memory") if isinstance(consumed, dict) else None
+        found.append(
+            Allocated(
+                str(result.get("request", "")),
+                device,
+                str(share) if share else None,
+                str(memory) if memory is not None else None,
+            )
+        )
     return found

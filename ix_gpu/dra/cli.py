@@ -49,14 +49,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="run the DRA (Dynamic Resource Allocation) kubelet plugin",
         description=(
             "Serve the kubelet's DRA node service (v1.DRAPlugin) for Iluvatar or NVIDIA GPUs and publish "
-            "this node's GPUs as a resource.k8s.io/v1 ResourceSlice: one device per chip "
-            "(splitboard: true in the ix-config) or per board, with vendor, product, uuid, index, "
-            "board, PCI bus ID, NUMA node and driver version attributes and memory capacity. "
+            "this node's GPUs as a resource.k8s.io/v1 ResourceSlice pool: each multi-chip board as the "
+            "whole board and each of its chips, with shared counters so no two overlap "
+            "(--partitionable), else one device per chip (splitboard: true in the ix-config) or per "
+            "board; with vendor, product, uuid, index, board, chips, wholeBoard, defaultForm, PCI bus "
+            "ID, NUMA node and driver version attributes and memory capacity. "
             "Registers through <registry-dir>/<driver>-reg.sock; serves <plugins-dir>/<driver>/dra.sock. "
             "Prepare reads each claim's allocation from the API server and writes one CDI spec per "
             "claim into --cdi-dir; prepared claims are kept in --checkpoint across restarts. "
-            "Needs the API server: get on resourceclaims; get, create and update on resourceslices; "
-            "get on nodes."
+            "Needs the API server: get on resourceclaims; get, create, update and delete on "
+            "resourceslices; get, list and watch on nodes."
         ),
     )
     dra.add_argument(
@@ -73,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     config = dra.add_argument(
         "--config",
         metavar="PATH",
-        help=f"the ix-config file; only flags.splitboard and cdi.driverRoot apply here (default "
+        help=f"the ix-config file; only flags.splitboard, sharing.timeSlicing.replicas (memory shares "
+        f"per device) and cdi.driverRoot apply here (default "
         f"{DEFAULT_CONFIG} when it exists, else built-in defaults), or a directory of named configs "
         "(a mounted ConfigMap) from which the node label ix-gpu.io/device-plugin.config picks one at "
         "start, as for the device plugin; a later change of the label applies on restart",
@@ -222,7 +225,10 @@ def run_dra(args: argparse.Namespace) -> int:
             return 1
     if config_path is not None:
         logging.getLogger("ix_gpu.dra").info(
-            "config %s: splitboard=%s", config_path, "true" if config.splitboard else "false"
+            "config %s: splitboard=%s replicas=%d",
+            config_path,
+            "true" if config.splitboard else "false",
+            config.replicas,
         )
 
     plugins_dir = Path(args.plugins_dir)
@@ -234,6 +240,7 @@ def run_dra(args: argparse.Namespace) -> int:
         cdi_dir=Path(args.cdi_dir),
         checkpoint=Path(args.checkpoint or plugins_dir / args.driver_name / "checkpoint.json"),
         splitboard=config.splitboard,
+        replicas=config.replicas,
         driver_root=args.driver_root or config.cdi_driver_root,
         unhealthy=args.unhealthy,
         partitionable=args.partitionable == "auto",

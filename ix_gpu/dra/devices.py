@@ -14,8 +14,16 @@ Two layouts, decided by what the cluster serves (:mod:`ix_gpu.dra.slices` reads 
   unit (:func:`ix_gpu.node.devices.device_list.physical_devices`), one device per chip with
   ``splitboard: true``, one per board otherwise, all of them ``defaultForm``.
 
-Either way the device plugin and the DRA driver agree on what a pod may own. Time-slicing replicas
-have no DRA form: pods that share a GPU reference one ResourceClaim.
+Either way the device plugin and the DRA driver agree on what a pod may own.
+
+**Shared devices** (``sharing.timeSlicing.replicas: N`` above 1; ``DRAConsumableCapacity``, beta
+and on from Kubernetes 1.36): each device of the form ``splitboard`` picks is published with
+``allowMultipleAllocations`` and its memory split in N equal shares (``requestPolicy``: one share
+by default, whole shares up to the memory), so independent claims each take shares and the
+scheduler never gives out more than the device's memory. Boards are then not partitioned: a
+shared board consuming its chips' counters would be a second way to count the same memory. The
+share a claim got reaches its containers as an advisory variable (:mod:`ix_gpu.dra.prepare`);
+nothing enforces it. Pods can also share a GPU by sharing one ResourceClaim, on any cluster.
 
 Names (:mod:`ix_gpu.node.devices.dra_names`): a chip device is ``gpu-<index>`` and a board device
 ``board-<index of its first chip>`` (a one-chip board is ``gpu-<index>`` when partitionable, as
@@ -37,6 +45,7 @@ device leaves the slice) exists for those.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,6 +88,13 @@ class DraDevice:
     """The default DeviceClass selects it: the form ``splitboard`` picks."""
     counter_set: str | None = None
     """The board's counter set it consumes from (partitionable layout, multi-chip boards only)."""
+    shares: int = 1
+    """Above 1: claims share the device, each taking whole shares of its memory (module doc)."""
+
+    @property
+    def share_mib(self) -> int:
+        """One share of the device's memory, in MiB (the whole memory when not shared)."""
+        return self.physical.memory_mib // self.shares
 
     @property
     def healthy(self) -> bool:
@@ -90,11 +106,16 @@ class DraDevice:
 
 
 def dra_devices(
-    chips: Iterable[Chip], *, splitboard: bool, partitionable: bool = False
+    chips: Iterable[Chip], *, splitboard: bool, partitionable: bool = False, shares: int = 1
 ) -> tuple[DraDevice, ...]:
     """This node's devices, in device-node order (what ``ix-gpu devices`` prints); with
-    ``partitionable``, each multi-chip board is followed by its chips (module doc)."""
+    ``partitionable``, each multi-chip board is followed by its chips; with ``shares`` above 1,
+    each device in the form ``splitboard`` picks is shared, and boards are not partitioned
+    (module doc)."""
     chips = list(chips)
+    if shares > 1:
+        plain = dra_devices(chips, splitboard=splitboard)
+        return tuple(dataclasses.replace(device, shares=shares) for device in plain)
     board_size = collections.Counter(chip.board_id for chip in chips)
     out: list[DraDevice] = []
     for phys in physical_devices(chips, splitboard=not partitionable and splitboard):
@@ -158,6 +179,13 @@ def slice_device(device: DraDevice, vendor: Vendor, driver: str) -> dict[str, An
                 "counters": {_counter(chip): ONE for chip in device.physical.chips},
             }
         ]
+    if device.shares > 1:
+        share = f"{device.share_mib}Mi"
+        entry["allowMultipleAllocations"] = True
+        entry["capacity"]["memory"]["requestPolicy"] = {
+            "default": share,
+            "validRange": {"min": share, "max": f"{device.share_mib * device.shares}Mi", "step": share},
+        }
     if not device.healthy:
         reason = label_value(device.unhealthy_reason)
         entry["taints"] = [{"key": f"{driver}/unhealthy", "value": reason, "effect": TAINT_EFFECT}]

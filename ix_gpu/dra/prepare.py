@@ -5,7 +5,9 @@ Prepare writes one CDI spec per claim (``<cdi dir>/<kind>-claim-<uid>.json``, bu
 the device plugin's) and answers CDI device IDs ``<kind>=<claim uid>-<device>``. The claim uid in
 each name keeps them unique across spec files of one kind, which CDI requires, and apart from the
 device plugin's own spec. The visible-devices variable goes into the claim's spec: there is no
-Allocate call to set it.
+Allocate call to set it. A claim that took shares of a shared device (:mod:`ix_gpu.dra.devices`)
+also gets :data:`MEMORY_SHARE_ENV`, the MiB it was given of each of its devices in their order:
+advisory, for the application to size itself by; nothing enforces it.
 
 The kubelet retries Prepare until every claim has an error-free answer, and may call it again
 after its own restart: a claim in the checkpoint whose spec still exists is answered from the
@@ -21,9 +23,11 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from ix_gpu.devicemodel.quantities import parse_quantity
 from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from ix_gpu.dra.claims import ClaimError, ClaimRef, allocated
@@ -32,6 +36,10 @@ from ix_gpu.node.devices.cdi import CdiError, cdi_spec, qualified_name, write_sp
 from ix_gpu.node.devices.device_list import Device, DeviceList
 
 log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+
+MEMORY_SHARE_ENV = "IX_GPU_MEMORY_SHARE_MIB"
 
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 """What a Kubernetes uid looks like; anything else never becomes part of a file name."""
@@ -100,7 +108,14 @@ class Preparer:
             )
             for r in results
         )
-        spec = self._spec(ref.uid, list(ours.values())) if ours else None
+        shares: dict[str, Fraction] = {}
+        for r in results:
+            if r.memory is not None and r.device in ours:
+                try:
+                    shares[r.device] = shares.get(r.device, Fraction(0)) + parse_quantity(r.memory)
+                except ValueError:
+                    raise ClaimError(f"claim {ref}: device {r.device} consumed memory {r.memory!r}") from None
+        spec = self._spec(ref.uid, list(ours.values()), shares) if ours else None
         with self._lock:
             try:
                 if spec is not None:
@@ -115,7 +130,7 @@ class Preparer:
         log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared) or "no devices of ours")
         return prepared
 
-    def _spec(self, uid: str, devices: list[DraDevice]) -> dict[str, Any]:
+    def _spec(self, uid: str, devices: list[DraDevice], shares: Mapping[str, Fraction]) -> dict[str, Any]:
         entries = tuple(Device(id=f"{uid}-{d.name}", physical=d.physical) for d in devices)
         listed = DeviceList(
             physical=tuple(d.physical for d in devices),
@@ -130,6 +145,9 @@ class Preparer:
         visible = ",".join(chip.uuid for d in devices for chip in d.physical.chips)
         edits = spec.setdefault("containerEdits", {})
         edits["env"] = [*edits.get("env", []), f"{self.vendor.visible_devices_env}={visible}"]
+        if shares:
+            mib = ",".join(str(int(shares.get(d.name, d.physical.memory_mib * MIB) // MIB)) for d in devices)
+            edits["env"].append(f"{MEMORY_SHARE_ENV}={mib}")
         return spec
 
     def unprepare(self, uid: str) -> None:

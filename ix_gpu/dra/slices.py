@@ -12,7 +12,9 @@ there is incomplete; on start it continues from the stored one. Counter slices a
 the devices that consume them, and surplus ones deleted after.
 
 What the apiserver stored is read back from each write's answer: an apiserver without a feature
-drops its fields silently. Without DRADeviceTaints (off by default before Kubernetes 1.36) device
+drops its fields silently. Without DRAConsumableCapacity (off by default before 1.36) a shared
+device loses ``allowMultipleAllocations`` and becomes exclusive: :attr:`SlicePublisher.shares_dropped`.
+Without DRADeviceTaints (off by default before Kubernetes 1.36) device
 taints vanish: :attr:`SlicePublisher.taints_dropped`, for the app to leave unhealthy devices out of
 the slice instead. Without DRAPartitionableDevices (likewise) shared counters and the devices'
 counter consumption vanish, and a board would be allocatable together with its own chips:
@@ -62,6 +64,9 @@ class SlicePublisher:
         """The last write sent device taints and the apiserver stored none of them."""
         self.counters_dropped = False
         """The last write sent shared counters and the apiserver stored none of them."""
+        self.shares_dropped = False
+        """The last write sent shared devices (``allowMultipleAllocations``) and the apiserver
+        stored none."""
         self._counter_slices = 0
         """Counter slices that may exist beyond what the stored pool says (a delete that failed)."""
 
@@ -159,8 +164,7 @@ class SlicePublisher:
             )
         ):
             self._delete(surplus, len(chunks))
-            self.taints_dropped = False
-            self.counters_dropped = False
+            self.taints_dropped = self.counters_dropped = self.shares_dropped = False
             self.generation, self.published = stored_generation, (devices, counters)
             return False
         generation = max(stored_generation, self.generation or 0) + 1
@@ -175,6 +179,8 @@ class SlicePublisher:
         kept = kept if isinstance(kept, list) else []
         sent = sum(len(d.get("taints") or []) for d in devices)
         self.taints_dropped = sent > 0 and not any(d.get("taints") for d in kept)
+        shared = any(d.get("allowMultipleAllocations") for d in devices)
+        self.shares_dropped = shared and not any(d.get("allowMultipleAllocations") for d in kept)
         consuming = any(d.get("consumesCounters") for d in devices)
         self.counters_dropped = bool(chunks) and (
             kept_counters == 0 or (consuming and not any(d.get("consumesCounters") for d in kept))

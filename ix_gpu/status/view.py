@@ -56,6 +56,10 @@ class DeviceStatus:
     """``namespace/name`` of each claim allocated this device."""
     pods: list[str] = field(default_factory=list)
     """``namespace/pod`` of each pod those claims are reserved for."""
+    default_form: bool = True
+    """The default DeviceClass selects it (partitionable boards: the form splitboard picks)."""
+    counters: frozenset[tuple[str, str]] = frozenset()
+    """The shared counters it consumes: a device that shares one with a claimed device is taken."""
 
 
 @dataclass
@@ -66,7 +70,7 @@ class NodeStatus:
     product: str
     total: int
     """GPUs the scheduler can see here: the device plugin's allocatable count (healthy devices),
-    or the DRA devices of the node's slices."""
+    or the DRA devices of the node's slices that the default DeviceClass selects."""
     in_use: int
     free: int
     """What a new pod could get now: not in use, and healthy."""
@@ -88,6 +92,8 @@ class ClusterStatus:
             entry = asdict(node)
             for chip, data in zip(node.chips, entry["chips"], strict=True):
                 data["health"] = chip.health
+            for device in entry["devices"]:
+                del device["counters"]  # how in_use is counted, not a fact of its own
             nodes.append(entry)
         totals = {
             "total": sum(n.total for n in self.nodes),
@@ -167,7 +173,15 @@ def _devices(
             uuid = (attributes.get("uuid") or {}).get("string", "")
             taints = device.get("taints") or []
             healthy = not any(t.get("effect") in UNSCHEDULABLE_TAINTS for t in taints)
-            devices[f"{pool}/{device['name']}"] = DeviceStatus(device["name"], uuid, healthy)
+            default = (attributes.get("defaultForm") or {}).get("bool", True) is not False
+            counters = frozenset(
+                (str(use.get("counterSet")), str(counter))
+                for use in device.get("consumesCounters") or []
+                for counter in use.get("counters") or {}
+            )
+            devices[f"{pool}/{device['name']}"] = DeviceStatus(
+                device["name"], uuid, healthy, [], [], default, counters
+            )
     for claim in claims:
         meta, status = claim.get("metadata") or {}, claim.get("status") or {}
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
@@ -228,9 +242,14 @@ def cluster_status(
         )
         if dra:
             status.devices = _devices(name, driver, slices, claims)
-            status.total = len(status.devices)
-            status.in_use = sum(bool(d.claims) for d in status.devices)
-            status.free = sum(d.healthy and not d.claims for d in status.devices)
+            # Counted in the form the default DeviceClass selects: with partitionable boards a
+            # board and its chips are all listed, and a chip is taken when its board is.
+            claimed = [d.counters for d in status.devices if d.claims]
+            counted = [d for d in status.devices if d.default_form]
+            taken = [bool(d.claims) or any(d.counters & used for used in claimed) for d in counted]
+            status.total = len(counted)
+            status.in_use = sum(taken)
+            status.free = sum(d.healthy and not busy for d, busy in zip(counted, taken, strict=True))
         else:
             status.total, status.in_use = allocatable, asked.get(name, 0)
             status.free = max(allocatable - status.in_use, 0)

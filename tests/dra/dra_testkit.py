@@ -23,7 +23,12 @@ NODE = "node1"
 
 
 def settings(
-    root: Path, *, splitboard: bool = True, unhealthy: UnhealthyMode = "taint", partitionable: bool = False
+    root: Path,
+    *,
+    splitboard: bool = True,
+    unhealthy: UnhealthyMode = "taint",
+    partitionable: bool = False,
+    replicas: int = 1,
 ) -> DraSettings:
     """The plain layout unless ``partitionable`` (tests/dra/test_dra_partitionable.py has that)."""
     return DraSettings(
@@ -36,6 +41,7 @@ def settings(
         splitboard=splitboard,
         unhealthy=unhealthy,
         partitionable=partitionable,
+        replicas=replicas,
         health_interval=0.2,
     )
 

@@ -51,6 +51,9 @@ class FakeResourceApi:
     drop_counters: bool = False
     """Drop shared counters and devices' counter consumption, as an apiserver without
     DRAPartitionableDevices does."""
+    drop_shares: bool = False
+    """Drop ``allowMultipleAllocations`` and capacity request policies, as an apiserver without
+    DRAConsumableCapacity does."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_node(
@@ -190,6 +193,10 @@ class FakeResourceApi:
         for device in stored["spec"].get("devices", []):
             if self.drop_counters:
                 device.pop("consumesCounters", None)
+            if self.drop_shares:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
             if self.drop_taints:
                 device.pop("taints", None)
             for taint in device.get("taints", []):

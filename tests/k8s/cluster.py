@@ -28,12 +28,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import ssl
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -48,8 +45,10 @@ from tests.k8s.k8s_tier import (
     KubeAPI,
     KubeletNode,
     build_binaries,
+    https_ok,
     start_etcd,
     start_kube_apiserver,
+    start_kube_scheduler,
     start_kubelet_node,
 )
 from tests.k8s.real_nodes import RealNode, RealNodes
@@ -168,17 +167,6 @@ def host_address() -> str | None:
         if "inet" in fields:
             return fields[fields.index("inet") + 1].split("/")[0]
     return None
-
-
-def _https_ok(url: str) -> bool:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # the components' self-signed serving certs
-    try:
-        with urllib.request.urlopen(url, context=context, timeout=3) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
 
 
 class MiniCluster:
@@ -549,7 +537,7 @@ class MiniCluster:
             self.log_dir,
         )
         wait_until(
-            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"),
+            lambda: https_ok(f"https://127.0.0.1:{port}/healthz"),
             "kube-controller-manager /healthz",
             120,
             interval=0.25,
@@ -558,32 +546,9 @@ class MiniCluster:
         return proc
 
     def _start_scheduler(self, binaries: K8sBinaries) -> Process:
-        port = free_port()
-        kubeconfig = self._component_kubeconfig()
-        proc = start_process(
-            "kube-scheduler",
-            [
-                str(binaries.kube_scheduler),
-                f"--kubeconfig={kubeconfig}",
-                f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.work_dir / 'kube-scheduler'}",
-                "--leader-elect=false",
-                *CLIENT_LIMITS,
-                "--v=1",
-            ],
-            self.log_dir,
+        return start_kube_scheduler(
+            binaries, self._component_kubeconfig(), self.work_dir, self.log_dir, CLIENT_LIMITS
         )
-        wait_until(
-            lambda: _https_ok(f"https://127.0.0.1:{port}/healthz"),
-            "kube-scheduler /healthz",
-            120,
-            interval=0.25,
-            process=proc,
-        )
-        return proc
 
     def node_resource(self, name: str, resource: str = RESOURCE) -> tuple[int, int] | None:
         """(capacity, allocatable) of ``resource`` on Node ``name``; None before the kubelet reports it."""

@@ -341,6 +341,55 @@ def write_kubeconfig(path: Path, url: str, ca: Path, token: str) -> Path:
     return path
 
 
+def https_ok(url: str) -> bool:
+    """``url`` answers 200 (a component's /healthz; its self-signed serving cert is not checked)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, context=context, timeout=3) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def start_kube_scheduler(
+    binaries: K8sBinaries,
+    kubeconfig: Path,
+    work_dir: Path,
+    log_dir: Path,
+    extra: Sequence[str] = (),
+    port: int | None = None,
+) -> Process:
+    """The real kube-scheduler against the apiserver of ``kubeconfig``, once its /healthz answers;
+    it serves /healthz and /metrics on 127.0.0.1:``port`` (default: a free one)."""
+    port = port or free_port()
+    proc = start_process(
+        "kube-scheduler",
+        [
+            str(binaries.kube_scheduler),
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={work_dir / 'kube-scheduler'}",
+            "--leader-elect=false",
+            *extra,
+            "--v=1",
+        ],
+        log_dir,
+    )
+    wait_until(
+        lambda: https_ok(f"https://127.0.0.1:{port}/healthz"),
+        "kube-scheduler /healthz",
+        120,
+        interval=0.25,
+        process=proc,
+    )
+    return proc
+
+
 def start_kube_apiserver(
     binaries: K8sBinaries,
     etcd: Etcd,

@@ -3,7 +3,9 @@ DRADeviceTaints feature is off by default and the apiserver silently drops devic
 
 The plugin publishes plain per-chip devices, which the apiserver accepts, and reads each write
 back: seeing its taint dropped, it takes the unhealthy chip out of the slice instead (so the
-scheduler cannot give it out) and says why once. No kubelet is needed to publish a slice: the
+scheduler cannot give it out) and says why once. Likewise DRAPartitionableDevices is off: the
+boards' shared counters it first writes are dropped, so it deletes its counter slice and publishes
+only the chips (splitboard: true), saying so once. No kubelet is needed to publish a slice: the
 plugin serves its sockets into a directory of its own.
 """
 
@@ -44,6 +46,7 @@ def dra_node(kube_api: KubeAPI) -> Iterator[str]:
     finally:
         kube_api.request("DELETE", f"/api/v1/nodes/{NODE}")
         kube_api.request("DELETE", SLICE)
+        kube_api.request("DELETE", f"{SLICE}-counters-0")
 
 
 def device_names(api: KubeAPI) -> set[str] | None:
@@ -90,7 +93,11 @@ def test_taints_dropped_by_the_oldest_apiserver_make_the_unhealthy_chip_leave_th
             )
             stored: dict[str, Any] = request_ok(kube_api, "GET", SLICE)
             assert all("taints" not in d for d in stored["spec"]["devices"])
+            assert all("consumesCounters" not in d for d in stored["spec"]["devices"])
             assert stored["spec"]["pool"]["name"] == NODE
+            # The pool is the one devices slice: the counter slice the apiserver emptied is gone.
+            assert stored["spec"]["pool"]["resourceSliceCount"] == 1
+            assert kube_api.request("GET", f"{SLICE}-counters-0")[0] == 404
             # Healthy again: back in the slice.
             devices.write_text(text)
             wait_until(lambda: device_names(kube_api) == {f"gpu-{i}" for i in range(4)}, "chip 1 back", 60)
@@ -100,3 +107,5 @@ def test_taints_dropped_by_the_oldest_apiserver_make_the_unhealthy_chip_leave_th
         log = plugin.log.read_text()
         assert log.count("dropped the device taints") == 1, log[-3000:]
         assert "DRADeviceTaints" in log
+        assert log.count("dropped the shared counters") == 1, log[-3000:]
+        assert "DRAPartitionableDevices" in log

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
-from tests.k8s.real_nodes import DRIVER_ROOT, REAL_NODES, TIER_ROOT, Images
+from tests.k8s.real_nodes import DRIVER_ROOT, REAL_NODES, TIER_ROOT, Images, RealNodeSpec
 from tests.k8s.real_release import (
     APP_LIBRARY_PATH,
     Release,
@@ -65,10 +65,28 @@ def dra_values(images: Images) -> dict[str, Any]:
     return values
 
 
-def slices(release: Release) -> dict[str, dict[str, Any]]:
-    """Our driver's ResourceSlices by node."""
+def slices(release: Release, *, counters: bool = False) -> dict[str, dict[str, Any]]:
+    """Our driver's devices slice of each node (``counters``: its first counter slice instead)."""
     found = request_ok(release.api, "GET", f"{RESOURCE_API}/resourceslices")["items"]
-    return {s["spec"]["nodeName"]: s for s in found if s["spec"]["driver"] == DRIVER}
+    suffix = "-counters-0" if counters else ""
+    return {
+        s["spec"]["nodeName"]: s
+        for s in found
+        if s["spec"]["driver"] == DRIVER
+        and s["metadata"]["name"] == f"{s['spec']['nodeName']}-{DRIVER}{suffix}"
+    }
+
+
+def published_names(spec: RealNodeSpec) -> list[str]:
+    """What ``ix-gpu dra`` publishes on a 1.37 cluster (partitionable): each multi-chip board as
+    ``board-<first chip>`` followed by its chips, a one-chip board as its chip."""
+    names = []
+    for board in range(spec.boards):
+        first = board * spec.chips_per_board
+        if spec.chips_per_board > 1:
+            names.append(f"board-{first}")
+        names += [f"gpu-{first + i}" for i in range(spec.chips_per_board)]
+    return names
 
 
 def devices(release: Release, node: str) -> dict[str, dict[str, Any]]:
@@ -93,8 +111,8 @@ def install_on_dra_nodes(release: Release) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     wait_until(
-        lambda: all(len(devices(release, n)) == NODES[n].chips for n in NODES),
-        "both nodes' ResourceSlices list their chips",
+        lambda: all(list(devices(release, n)) == published_names(NODES[n]) for n in NODES),
+        "both nodes' ResourceSlices list their boards and chips",
         60,
         interval=0.5,
         details=lambda: json.dumps(slices(release))[-3000:],
@@ -172,10 +190,13 @@ def cdi_specs(node: str) -> list[Path]:
 # --------------------------------------------------------------------------- slices
 
 
-def test_each_node_publishes_one_device_per_chip_with_the_device_models_attributes(release: Release) -> None:
+def test_each_node_publishes_its_boards_and_chips_with_the_device_models_attributes(release: Release) -> None:
+    """gpu-a's BI-V150 boards each appear as the board and its two chips, all consuming from the
+    board's counter set, which the pool's counter slice holds (the 1.37 apiserver kept them: read
+    back); gpu-b's one-chip BI-V100 boards are one device each and need no counters."""
     for node, spec in NODES.items():
         found = devices(release, node)
-        assert sorted(found) == [f"gpu-{i}" for i in range(spec.chips)], found
+        assert list(found) == published_names(spec), found
         product = spec.product.removeprefix("Iluvatar ")
         for index in range(spec.chips):
             device = found[f"gpu-{index}"]
@@ -185,6 +206,8 @@ def test_each_node_publishes_one_device_per_chip_with_the_device_models_attribut
             assert attributes["product"] == product
             assert attributes["uuid"] == f"GPU-{node}-{board:02d}{position:02d}-0000-4000-8000-000000000000"
             assert attributes["index"] == index and attributes["chips"] == 1
+            assert attributes["wholeBoard"] is (spec.chips_per_board == 1)
+            assert attributes["defaultForm"] is True  # splitboard: true, the chips
             assert attributes["resource.kubernetes.io/pciBusID"] == f"0000:{0x8A + index:02x}:00.0"
             assert attributes["board"].startswith("board-"), attributes
             assert device["capacity"] == {"memory": {"value": "32Gi"}}, device
@@ -192,6 +215,27 @@ def test_each_node_publishes_one_device_per_chip_with_the_device_models_attribut
         # The chips of one board share its board attribute, chips of two boards do not.
         boards = [found[f"gpu-{i}"]["attributes"]["board"]["string"] for i in range(spec.chips)]
         assert len(set(boards)) == spec.boards, boards
+        pool = slices(release)[node]["spec"]["pool"]
+        counters = slices(release, counters=True).get(node)
+        if spec.chips_per_board == 1:
+            assert counters is None and pool["resourceSliceCount"] == 1
+            assert all("consumesCounters" not in d for d in found.values())
+            continue
+        assert counters is not None and counters["spec"]["pool"] == pool and pool["resourceSliceCount"] == 2
+        sets = {c["name"]: c["counters"] for c in counters["spec"]["sharedCounters"]}
+        assert sets == {
+            f"board-{b * 2}": {f"gpu-{b * 2}": {"value": "1"}, f"gpu-{b * 2 + 1}": {"value": "1"}}
+            for b in range(spec.boards)
+        }
+        board0 = found["board-0"]
+        assert board0["attributes"]["wholeBoard"] == {"bool": True}
+        assert board0["attributes"]["defaultForm"] == {"bool": False}
+        assert board0["attributes"]["chips"] == {"int": 2}
+        assert board0["capacity"] == {"memory": {"value": "64Gi"}}, board0
+        assert board0["consumesCounters"] == [{"counterSet": "board-0", "counters": sets["board-0"]}]
+        assert found["gpu-1"]["consumesCounters"] == [
+            {"counterSet": "board-0", "counters": {"gpu-1": {"value": "1"}}}
+        ]
     print("\n" + json.dumps(slices(release)["gpu-a"]["spec"], indent=1)[:2500])
 
 
@@ -204,6 +248,77 @@ def test_one_allocator_per_node_the_device_plugin_offers_nothing_on_dra_nodes(re
 
 
 # --------------------------------------------------------------------------- claims
+
+
+def free_board(release: Release, node: str) -> str | None:
+    """The ``board`` attribute of a multi-chip board of ``node`` whose board and chips no claim
+    holds (claims of earlier tests' namespaces may still be going)."""
+    claims = request_ok(release.api, "GET", f"{RESOURCE_API}/resourceclaims")["items"]
+    held = {
+        r["device"]
+        for c in claims
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        if r["pool"] == node
+    }
+    found = devices(release, node)
+    for name, device in found.items():
+        if name.startswith("board-"):
+            board = device["attributes"]["board"]["string"]
+            overlapping = {n for n, d in found.items() if d["attributes"]["board"]["string"] == board}
+            if not overlapping & held:
+                return str(board)
+    raise AssertionError(f"every board of {node} is held: {sorted(held)}")
+
+
+def test_a_board_and_a_chip_of_it_never_both_but_two_chips_side_by_side(release: Release) -> None:
+    """Partitionable devices on the real scheduler: claims of DeviceClass ``any.gpu.iluvatar.com``
+    pick a form by attribute, all on one BI-V150 board of gpu-a. Two chip claims run side by
+    side; the board claim stays Pending with the scheduler's reason while they hold its chips. Once
+    they are gone the board claim runs, its container given both chips, and a chip claim waits."""
+    api = release.api
+    namespace = f"dra-boards-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    on_board = wait_until(lambda: free_board(release, "gpu-a"), "a free board on gpu-a", 60, interval=1)
+    attribute = f'device.attributes["{DRIVER}"]'
+    same_board = f'{attribute}.board == "{on_board}"'
+    any_form = f"any.{DRIVER}"
+    request_ok(
+        api, "POST", templates, claim_template("chip", f"{attribute}.chips == 1 && {same_board}", any_form)
+    )
+    request_ok(
+        api, "POST", templates, claim_template("board", f"{attribute}.wholeBoard && {same_board}", any_form)
+    )
+    for name in ("chip-1", "chip-2"):
+        request_ok(api, "POST", f"{ns}/pods", claim_pod(name, release.image, template="chip"))
+    chips = [wait_running(api, namespace, name, timeout=120) for name in ("chip-1", "chip-2")]
+    given = [allocated_device(release, namespace, pod)[0] for pod in chips]
+    assert all(d.startswith("gpu-") for d in given) and given[0] != given[1], given
+    for pod, device in zip(chips, given, strict=True):
+        lines = check_output(release, namespace, pod["metadata"]["name"])
+        assert lines[0] == f"given: /dev/iluvatar{device.removeprefix('gpu-')}", lines
+    request_ok(api, "POST", f"{ns}/pods", claim_pod("board", release.image, template="board"))
+    event = scheduling_failure(api, namespace, "board", timeout=90)
+    print(f"\nboard while its chips are held, FailedScheduling: {event['message']}")
+    assert "cannot allocate all claims" in event["message"], event["message"]
+    pod = get_pod(api, namespace, "board")
+    assert pod is not None and pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+    for name in ("chip-1", "chip-2"):
+        request_ok(api, "DELETE", f"{ns}/pods/{name}")
+    board = wait_running(api, namespace, "board", timeout=120)
+    # The webhook injected it: the built-in profile names any.gpu.iluvatar.com too.
+    assert board["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), board["metadata"]
+    device, _ = allocated_device(release, namespace, board)
+    first = int(device.removeprefix("board-"))
+    lines = check_output(release, namespace, "board")
+    assert lines[0] == f"given: /dev/iluvatar{first} /dev/iluvatar{first + 1}", lines
+    visible = next(line for line in lines if line.startswith("IX_VISIBLE_DEVICES="))
+    assert len(visible.split(",")) == 2, visible
+    request_ok(api, "POST", f"{ns}/pods", claim_pod("chip-3", release.image, template="chip"))
+    event = scheduling_failure(api, namespace, "chip-3", timeout=90)
+    print(f"chip while its board is held, FailedScheduling: {event['message']}")
+    assert "cannot allocate all claims" in event["message"], event["message"]
+    request_ok(api, "DELETE", ns)
 
 
 def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip(release: Release) -> None:
@@ -467,7 +582,15 @@ def test_the_plugins_token_may_write_only_its_own_nodes_slice(release: Release) 
     forged["spec"]["pool"]["name"] = "gpu-a"
     status, reply = api.request("POST", f"{RESOURCE_API}/resourceslices", forged, token=token)
     assert status in (403, 422), reply
-    assert f"may write only the ResourceSlice gpu-a-{DRIVER}" in str(reply), reply
+    assert f"may write only the ResourceSlices gpu-a-{DRIVER} and gpu-a-{DRIVER}-counters-<k>" in str(reply)
+    forged["metadata"]["name"] = f"gpu-a-{DRIVER}-counters-x"
+    status, reply = api.request("POST", f"{RESOURCE_API}/resourceslices", forged, token=token)
+    assert status in (403, 422) and "may write only the ResourceSlices" in str(reply), reply
+    # Its own counter slice it may rewrite.
+    counters = slices(release, counters=True)["gpu-a"]
+    path = f"{RESOURCE_API}/resourceslices/{counters['metadata']['name']}"
+    status, reply = api.request("PUT", path, counters, token=token)
+    assert status == 200, reply
 
 
 # --------------------------------------------------------------------------- plugin life
@@ -537,7 +660,9 @@ def test_an_unhealthy_chip_is_tainted_in_the_slice_and_no_new_claim_gets_it(rele
         print(f"\ngpu-3 taint: {taint}")
         assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule", taint
         assert tainted["spec"]["pool"]["generation"] > generation
-        assert all("taints" not in d for d in tainted["spec"]["devices"] if d["name"] != "gpu-3")
+        # Its board goes with it; its sibling chip stays allocatable.
+        marked = [d["name"] for d in tainted["spec"]["devices"] if d.get("taints")]
+        assert marked == ["board-2", "gpu-3"], marked
         selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
         namespace, _ = start_claim_pod(release, "dra-sick", "sick", selector)
         event = scheduling_failure(api, namespace, "sick", timeout=90)
@@ -686,7 +811,8 @@ def test_each_dra_plugin_says_on_its_metrics_port_that_it_is_registered_and_prep
         assert found[("ix_gpu_dra_registered", ())] == 1, node
         assert found[("ix_gpu_dra_publishing", ())] == 1, node
         assert found[("ix_gpu_dra_devices", (("health", "Unhealthy"),))] == 0, node
-        assert found[("ix_gpu_dra_devices", (("health", "Healthy"),))] == NODES[node].chips, node
+        healthy = found[("ix_gpu_dra_devices", (("health", "Healthy"),))]
+        assert healthy == len(published_names(NODES[node])), node
         prepared = found[("ix_gpu_dra_prepares_total", (("result", "success"),))]
         assert prepared >= 1 and found[("ix_gpu_dra_prepare_duration_seconds_count", ())] == prepared, node
         with urllib.request.urlopen(f"{address}/healthz", timeout=5) as answer:

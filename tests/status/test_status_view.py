@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ix_gpu.devicemodel.vendors import ILUVATAR
+from ix_gpu.dra.devices import dra_devices, slice_devices
+from ix_gpu.node.backends.base import Chip
 from ix_gpu.runtime.text_metrics import Gauge, labels_text
 from ix_gpu.status.view import chips_from_metrics, cluster_status, render_text
 
@@ -165,10 +168,28 @@ def test_each_kind_of_node_with_what_is_in_use_and_free() -> None:
         "healthy": True,
         "claims": ["ml/shared"],
         "pods": ["ml/a", "ml/b"],
+        "default_form": True,
     }
     assert dra["devices"][1]["claims"] == []  # another driver's allocation is not ours
     assert [d["healthy"] for d in dra["devices"]] == [True, True, True, False]
     assert view["totals"] == {"total": 16, "inUse": 4, "free": 11}
+
+
+def test_partitionable_boards_count_in_the_default_form_and_a_claimed_board_takes_its_chips() -> None:
+    """The slice as ``ix-gpu dra`` writes it for two BI-V150 boards: each board and its chips."""
+    chips = [Chip(f"GPU-{i}", i, i, f"b{i // 2}", i % 2, "Iluvatar BI-V150", 32768, 0) for i in range(4)]
+    for splitboard, held, counts in ((True, "board-0", (4, 2, 2)), (False, "gpu-3", (2, 1, 1))):
+        devices = slice_devices(
+            dra_devices(chips, splitboard=splitboard, partitionable=True), ILUVATAR, DRIVER
+        )
+        slices = [
+            {"spec": {"driver": DRIVER, "nodeName": "dra", "pool": {"name": "dra"}, "devices": devices}}
+        ]
+        view = status_of(slices=slices, claims=[claim("ml", "held", "dra", held, ["ml/p"])])
+        dra = next(n for n in view["nodes"] if n["name"] == "dra")
+        assert (dra["total"], dra["in_use"], dra["free"]) == counts, splitboard
+        assert len(dra["devices"]) == 6  # every form is listed
+        assert [d["name"] for d in dra["devices"] if d["claims"]] == [held]
 
 
 def test_chips_health_and_holders_come_from_the_plugins_metrics() -> None:

@@ -1,0 +1,121 @@
+"""Shared devices (``sharing.timeSlicing.replicas`` above 1, DRAConsumableCapacity): each device
+published with ``allowMultipleAllocations`` and its memory in equal shares, claims told their share
+in their CDI spec, and exclusive devices where the apiserver drops the sharing fields. The
+scheduler's side is proven on a real cluster (tests/k8s/test_dra_scheduler_properties.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from ix_gpu.devicemodel.vendors import ILUVATAR
+from ix_gpu.dra.api import dra_v1_pb2 as dra
+from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
+from ix_gpu.dra.prepare import MEMORY_SHARE_ENV
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.runtime.kube import ApiServer
+from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, running, settings
+from tests.dra.fake_resource_api import FakeResourceApi
+from tests.support.waiting import wait_until_async
+
+pytestmark = pytest.mark.timeout(60)
+
+SLICE = f"{NODE}-{DRIVER}"
+
+
+def _chips() -> list[Chip]:
+    return [Chip(f"GPU-{i}", i, i, f"b{i // 2}", i % 2, "Iluvatar BI-V150", 32768, 0) for i in range(4)]
+
+
+@pytest.mark.parametrize(("splitboard", "names", "share"), [(True, 4, "8192Mi"), (False, 2, "16384Mi")])
+def test_replicas_become_equal_memory_shares_of_the_form_splitboard_picks(
+    splitboard: bool, names: int, share: str
+) -> None:
+    devices = dra_devices(_chips(), splitboard=splitboard, partitionable=True, shares=4)
+    assert len(devices) == names and counter_sets(devices) == []  # no boards partitioned
+    for entry in slice_devices(devices, ILUVATAR, DRIVER):
+        assert entry["allowMultipleAllocations"] is True
+        memory = entry["capacity"]["memory"]
+        whole = "32768Mi" if splitboard else "65536Mi"
+        assert memory == {
+            "value": whole,
+            "requestPolicy": {"default": share, "validRange": {"min": share, "max": whole, "step": share}},
+        }
+        assert "consumesCounters" not in entry
+    plain = slice_devices(dra_devices(_chips(), splitboard=True), ILUVATAR, DRIVER)
+    assert all(
+        "allowMultipleAllocations" not in e and "requestPolicy" not in e["capacity"]["memory"] for e in plain
+    )
+
+
+def test_two_claims_on_one_shared_chip_each_get_their_share_in_the_env(
+    short_tmp: Path, fake_devices: Path, resource_api: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    fake, api = resource_api
+    one = {
+        **result("gpu-1"),
+        "shareID": "6f1c7a52-0000-4000-8000-000000000001",
+        "consumedCapacity": {"memory": "8Gi"},
+    }
+    two = {
+        **result("gpu-1"),
+        "shareID": "6f1c7a52-0000-4000-8000-000000000002",
+        "consumedCapacity": {"memory": "16Gi"},
+    }
+    fake.add_claim("default", "one", "uid-one", [one])
+    fake.add_claim("default", "two", "uid-two", [two])
+    fake.add_claim("default", "whole", "uid-whole", [result("gpu-2")])
+    config = settings(short_tmp, replicas=4)
+
+    async def scenario() -> dra.NodePrepareResourcesResponse:
+        async with running(config, fake_devices, api), dra_client(config) as client:
+            await wait_until_async(lambda: SLICE in fake.slices, "the ResourceSlice")
+            claims = [claim("uid-one", "one"), claim("uid-two", "two"), claim("uid-whole", "whole")]
+            return await client.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=claims))
+
+    answer = asyncio.run(scenario())
+    assert {uid: c.error for uid, c in answer.claims.items()} == {
+        "uid-one": "",
+        "uid-two": "",
+        "uid-whole": "",
+    }
+    assert answer.claims["uid-one"].devices[0].share_id == one["shareID"]
+    assert all(d["allowMultipleAllocations"] for d in fake.slices[SLICE]["spec"]["devices"])
+
+    def env(uid: str) -> list[str]:
+        spec = json.loads((short_tmp / "cdi" / f"iluvatar.com-gpu-claim-{uid}.json").read_text())
+        edits = spec["containerEdits"]["env"]
+        assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"].startswith("/dev/iluvatar")
+        return [e for e in edits if not e.startswith("IX_VISIBLE_DEVICES=")]
+
+    assert env("uid-one") == [f"{MEMORY_SHARE_ENV}=8192"]
+    assert env("uid-two") == [f"{MEMORY_SHARE_ENV}=16384"]
+    assert env("uid-whole") == []  # allocated whole: nothing to tell
+
+
+def test_shares_the_apiserver_drops_make_each_device_exclusive_said_once(
+    short_tmp: Path,
+    fake_devices: Path,
+    resource_api: tuple[FakeResourceApi, ApiServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake, api = resource_api
+    fake.drop_shares = True
+    config = settings(short_tmp, replicas=4)
+
+    async def scenario() -> None:
+        async with running(config, fake_devices, api) as app:
+            await wait_until_async(lambda: app.shares == 1 and SLICE in fake.slices, "the fallback")
+            await asyncio.sleep(0.5)
+
+    with caplog.at_level(logging.WARNING, logger="ix_gpu.dra.app"):
+        asyncio.run(scenario())
+    devices = fake.slices[SLICE]["spec"]["devices"]
+    assert [d["name"] for d in devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert all(d["capacity"] == {"memory": {"value": "32768Mi"}} for d in devices)
+    said = [r.getMessage() for r in caplog.records if "allowMultipleAllocations" in r.getMessage()]
+    assert len(said) == 1 and "DRAConsumableCapacity" in said[0], said

@@ -1,0 +1,266 @@
+"""No over-allocation on the real scheduler: random claims for boards, chips and memory shares,
+with CEL selectors, against the pools ``ix-gpu dra`` publishes, read back from ``ResourceClaim.status``.
+
+The Kubernetes v1.37 apiserver and kube-scheduler are real; the Nodes are API objects only (no
+kubelet: pods are bound, never run, and nothing is prepared). Their ResourceSlices are written by
+the driver's own code (:mod:`ix_gpu.dra.devices`, :class:`ix_gpu.dra.slices.SlicePublisher`), and
+the DeviceClasses are the chart's, rendered from ``charts/ix-gpu``:
+
+- two nodes of two BI-V150 boards, partitionable (each board and its two chips, one counter set
+  per board; splitboard true on one, false on the other, so both default forms are in play);
+- one node of two BI-V150 boards with ``sharing.timeSlicing.replicas: 4`` (each chip shared in
+  four 8 GiB shares);
+- one node of two BI-V100 boards, plain.
+
+Each of 120 pods has its own ResourceClaim of a random kind (a whole board, a chip, the default
+form, a memory share of random size) with a random product selector and one or two devices. More
+is asked than there is, so some pods stay unschedulable. Every allocation is then checked: no
+exclusive device twice, no board together with one of its chips, no shared device's memory over
+its capacity, every share whole, and every device what its claim's selectors asked for. The seed
+is printed; ``IX_GPU_PROPERTY_SEED`` replays one.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import secrets
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ix_gpu.devicemodel.quantities import parse_quantity
+from ix_gpu.devicemodel.vendors import ILUVATAR
+from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
+from ix_gpu.dra.slices import SlicePublisher
+from ix_gpu.node.backends.base import Chip
+from ix_gpu.runtime.kube import ApiServer
+from tests.chart.rendering import render
+from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, start_kube_scheduler
+from tests.k8s.pods import request_ok
+from tests.support.processes import Process
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+DRIVER = "gpu.iluvatar.com"
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+PODS = 120
+GI = Fraction(1 << 30)
+
+
+@pytest.fixture(scope="module")
+def kube_api(current_kube_api: KubeAPI) -> KubeAPI:
+    return current_kube_api
+
+
+def _chips(node: str, product: str, per_board: int, boards: int = 2) -> list[Chip]:
+    return [
+        Chip(f"GPU-{node}-{i}", i, i, f"{node}-b{i // per_board}", i % per_board, product, 32768, 0)
+        for i in range(boards * per_board)
+    ]
+
+
+NODES: dict[str, dict[str, Any]] = {
+    "prop-part-chips": {"chips": ("Iluvatar BI-V150", 2), "splitboard": True, "partitionable": True},
+    "prop-part-boards": {"chips": ("Iluvatar BI-V150", 2), "splitboard": False, "partitionable": True},
+    "prop-shared": {"chips": ("Iluvatar BI-V150", 2), "splitboard": True, "shares": 4},
+    "prop-plain": {"chips": ("Iluvatar BI-V100", 1), "splitboard": True},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    kube_api: KubeAPI, k8s_binaries: K8sBinaries, k8s_log_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, dict[str, Any]]]:
+    """The nodes, their pools, the chart's DeviceClasses and a scheduler; the published devices
+    by node, by name."""
+    server = ApiServer.from_kubeconfig(kube_api.kubeconfig)
+    classes = [o for o in render({"dra": {"enabled": True}}) if o["kind"] == "DeviceClass"]
+    for device_class in classes:
+        request_ok(kube_api, "POST", f"{RESOURCE_API}/deviceclasses", device_class)
+    published: dict[str, dict[str, Any]] = {}
+    for name, spec in NODES.items():
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"type": "prop"}}}
+        request_ok(kube_api, "POST", "/api/v1/nodes", node)
+        resources = {"cpu": "64", "memory": "256Gi", "pods": "110"}
+        request_ok(
+            kube_api,
+            "PATCH",
+            f"/api/v1/nodes/{name}/status",
+            {"status": {"capacity": resources, "allocatable": resources}},
+            content_type="application/merge-patch+json",
+        )
+        product, per_board = spec["chips"]
+        devices = dra_devices(
+            _chips(name, product, per_board),
+            splitboard=spec["splitboard"],
+            partitionable=spec.get("partitionable", False),
+            shares=spec.get("shares", 1),
+        )
+        entries = slice_devices(devices, ILUVATAR, DRIVER)
+        publisher = SlicePublisher(server, driver=DRIVER, node=name)
+        publisher.publish(entries, counter_sets(devices))
+        assert not publisher.counters_dropped and not publisher.shares_dropped  # v1.37 keeps them
+        published[name] = {e["name"]: e for e in entries}
+    scheduler: Process = start_kube_scheduler(
+        k8s_binaries, kube_api.kubeconfig, tmp_path_factory.mktemp("scheduler"), k8s_log_dir
+    )
+    try:
+        yield published
+    finally:
+        scheduler.stop()
+        for name in NODES:
+            kube_api.request("DELETE", f"/api/v1/nodes/{name}")
+            for suffix in ("", "-counters-0"):
+                kube_api.request("DELETE", f"{RESOURCE_API}/resourceslices/{name}-{DRIVER}{suffix}")
+        for device_class in classes:
+            kube_api.request("DELETE", f"{RESOURCE_API}/deviceclasses/{device_class['metadata']['name']}")
+
+
+def _attribute(name: str) -> str:
+    return f'device.attributes["{DRIVER}"].{name}'
+
+
+KINDS = ("board", "chip", "default", "share")
+
+
+def random_request(rng: random.Random) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(kind, the request's ``exactly``, what the allocated device must be)."""
+    kind = rng.choice(KINDS)
+    selectors: list[str] = []
+    want: dict[str, Any] = {}
+    exactly: dict[str, Any] = {"deviceClassName": f"any.{DRIVER}" if kind in ("board", "chip") else DRIVER}
+    if kind == "board":
+        selectors.append(f"{_attribute('wholeBoard')} && {_attribute('chips')} == 2")
+        want.update(wholeBoard=True, chips=2)
+    elif kind == "chip":
+        selectors.append(f"{_attribute('chips')} == 1")
+        want.update(chips=1)
+    elif kind == "share":
+        memory = rng.choice((4, 8, 12, 16, 24))
+        exactly["capacity"] = {"requests": {"memory": f"{memory}Gi"}}
+        want.update(memory=memory)
+    else:
+        want.update(defaultForm=True)
+    product = rng.choice((None, "BI-V150", "BI-V100"))
+    if product is not None:
+        selectors.append(f'{_attribute("product")} == "{product}"')
+        want.update(product=product)
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": " && ".join(selectors)}}]
+    if rng.random() < 0.2:
+        exactly["count"] = 2
+    return kind, exactly, want
+
+
+def _value(attribute: dict[str, Any]) -> Any:
+    return next(iter(attribute.values()))
+
+
+def test_random_claims_are_never_double_booked(kube_api: KubeAPI, cluster: dict[str, dict[str, Any]]) -> None:
+    seed = int(os.environ.get("IX_GPU_PROPERTY_SEED") or secrets.randbits(32))
+    print(f"\nseed {seed} (IX_GPU_PROPERTY_SEED={seed} replays it)")
+    rng = random.Random(seed)
+    namespace = f"prop-{secrets.token_hex(3)}"
+    request_ok(kube_api, "POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    ns = f"/api/v1/namespaces/{namespace}"
+    claims_path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    wants: dict[str, tuple[str, dict[str, Any]]] = {}
+    for i in range(PODS):
+        kind, exactly, want = random_request(rng)
+        name = f"c{i:03d}"
+        wants[name] = (kind, want)
+        claim = {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+        request_ok(kube_api, "POST", claims_path, claim)
+        pod = {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": {"type": "prop"},
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                "containers": [{"name": "c", "image": "pause", "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        }
+        request_ok(kube_api, "POST", f"{ns}/pods", pod)
+
+    def decided() -> dict[str, Any] | None:
+        pods = request_ok(kube_api, "GET", f"{ns}/pods")["items"]
+        done = [
+            p
+            for p in pods
+            if p["spec"].get("nodeName")
+            or any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+        ]
+        return {p["metadata"]["name"]: p for p in done} if len(done) == PODS else None
+
+    pods = wait_until(decided, f"the scheduler's decision on all {PODS} pods", 180, interval=1)
+    claims = {c["metadata"]["name"]: c for c in request_ok(kube_api, "GET", claims_path)["items"]}
+
+    exclusive: dict[tuple[str, str], str] = {}
+    consumed: dict[tuple[str, str], Fraction] = collections.defaultdict(Fraction)
+    holders: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    counters: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
+    allocated_kinds: collections.Counter[str] = collections.Counter()
+    for name, claim in claims.items():
+        allocation = claim.get("status", {}).get("allocation")
+        bound = pods[name]["spec"].get("nodeName")
+        if allocation is None:
+            assert not bound, f"pod {name} bound to {bound} without its claim allocated"
+            continue
+        kind, want = wants[name]
+        allocated_kinds[kind] += 1
+        results = allocation["devices"]["results"]
+        count = claims[name]["spec"]["devices"]["requests"][0]["exactly"].get("count", 1)
+        assert len(results) == count, (name, results)
+        for result in results:
+            assert result["driver"] == DRIVER and result["pool"] == bound, (name, result, bound)
+            key = (result["pool"], result["device"])
+            device = cluster[result["pool"]][result["device"]]
+            attributes = {k: _value(v) for k, v in device["attributes"].items()}
+            for attribute, value in want.items():
+                if attribute != "memory":
+                    assert attributes[attribute] == value, (name, kind, attribute, device["name"])
+            holders[key].append(name)
+            if device.get("allowMultipleAllocations"):
+                policy = device["capacity"]["memory"]["requestPolicy"]
+                share = parse_quantity(policy["default"])
+                taken = parse_quantity(result["consumedCapacity"]["memory"])
+                assert taken % share == 0 and taken >= share, (name, result)
+                if kind == "share":
+                    assert taken >= want["memory"] * GI, (name, result)
+                consumed[key] += taken
+            else:
+                assert key not in exclusive, f"{key} given to {exclusive.get(key)} and {name}"
+                exclusive[key] = name
+                if kind == "share":
+                    assert parse_quantity(device["capacity"]["memory"]["value"]) >= want["memory"] * GI
+            for use in device.get("consumesCounters", []):
+                for counter in use["counters"]:
+                    counters[(result["pool"], use["counterSet"], counter)].append(f"{name}:{device['name']}")
+
+    # No chip with its board, no chip twice: every counter (a chip) is consumed at most once.
+    doubled = {key: who for key, who in counters.items() if len(who) > 1}
+    assert not doubled, doubled
+    for key, taken in consumed.items():
+        capacity = parse_quantity(cluster[key[0]][key[1]]["capacity"]["memory"]["value"])
+        assert taken <= capacity, (key, taken, capacity, holders[key])
+    shared = max((len(holders[key]) for key in consumed), default=0)
+    pending = sum(1 for name in claims if "allocation" not in claims[name].get("status", {}))
+    print(
+        f"allocated by kind: {dict(allocated_kinds)}; pending {pending}/{PODS}; "
+        f"most claims on one shared chip: {shared}"
+    )
+    # Not vacuous: each kind was allocated, a chip was shared, and more was asked than there is.
+    assert all(allocated_kinds[kind] for kind in KINDS), allocated_kinds
+    assert shared >= 2 and pending > 0, (shared, pending)
+    request_ok(kube_api, "DELETE", ns)
