@@ -1,7 +1,8 @@
 """DRA plugin benchmark: ResourceSlice publish after start, NodePrepareResources latency and RSS of
 the real ``ix-gpu dra`` process, against issue 21's targets.
 
-    .venv/bin/python bench/dra_bench.py [--claims 200] [--rounds 3] [--boards 8] [--fake-api] [--json]
+    .venv/bin/python bench/dra_bench.py [--claims 200] [--rounds 3] [--boards 8]
+        [--layout partitionable|plain|shared] [--fake-api] [--json]
 
 What is measured, per round (each round starts a fresh ``ix-gpu dra --backend fake`` process with
 fresh plugin, CDI and checkpoint directories):
@@ -98,10 +99,34 @@ def claim_body(name: str) -> dict[str, Any]:
     }
 
 
-def allocation(device: str) -> dict[str, Any]:
-    """What the scheduler writes into a claim's status (``status.allocation``)."""
+LAYOUTS = {
+    "partitionable": ("flags:\n  splitboard: true\n", ()),
+    "plain": ("flags:\n  splitboard: true\n", ("--partitionable", "off")),
+    "shared": ("flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n", ()),
+}
+"""The ix-config and extra flags of each layout the plugin publishes (ix_gpu/dra/devices.py)."""
+
+
+def published_devices(layout: str, boards: int) -> int:
+    """Devices the slice lists: each board and its two chips when partitionable, else the chips."""
+    return boards * 3 if layout == "partitionable" else boards * 2
+
+
+def allocated_device(layout: str, n: int, chips: int) -> str:
+    """The device of claim ``n``: with partitionable boards, every third claim a whole board."""
+    if layout == "partitionable" and n % 3 == 0:
+        return f"board-{(n // 3 * 2) % chips}"
+    return f"gpu-{n % chips}"
+
+
+def allocation(device: str, shared: bool = False, n: int = 0) -> dict[str, Any]:
+    """What the scheduler writes into a claim's status (``status.allocation``); a shared device's
+    result carries the share's id and the memory it consumed."""
+    result: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    if shared:
+        result.update(shareID=f"5e1a0000-0000-4000-8000-{n:012d}", consumedCapacity={"memory": "8Gi"})
     return {
-        "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]},
+        "devices": {"results": [result]},
         "nodeSelector": {
             "nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}
@@ -150,7 +175,7 @@ class Cluster:
     def prepare_node(self) -> None:
         raise NotImplementedError
 
-    def create_allocated_claims(self, count: int, devices: int) -> list[tuple[str, str]]:
+    def create_allocated_claims(self, count: int, chips: int, layout: str) -> list[tuple[str, str]]:
         """``count`` claims, each allocated one device of this node; (name, uid) of each."""
         raise NotImplementedError
 
@@ -236,21 +261,23 @@ class RealCluster(Cluster):
         }
         self.call("POST", f"{RESOURCE}/deviceclasses", device_class)
 
-    def create_allocated_claims(self, count: int, devices: int) -> list[tuple[str, str]]:
+    def create_allocated_claims(self, count: int, chips: int, layout: str) -> list[tuple[str, str]]:
         out = []
         collection = f"{RESOURCE}/namespaces/{NAMESPACE}/resourceclaims"
         for n in range(count):
             created = self.call("POST", collection, claim_body(f"bench-claim-{n:05d}"))
-            created["status"] = {"allocation": allocation(f"gpu-{n % devices}")}
+            device = allocated_device(layout, n, chips)
+            created["status"] = {"allocation": allocation(device, layout == "shared", n)}
             name = created["metadata"]["name"]
             self.call("PUT", f"{collection}/{name}/status", created)
             out.append((name, created["metadata"]["uid"]))
         return out
 
     def delete_slice(self) -> None:
-        status, answer = self.api.request("DELETE", f"{RESOURCE}/resourceslices/{SLICE}")
-        if status not in (200, 404):
-            raise RuntimeError(f"DELETE slice: {status} {answer}")
+        for name in (SLICE, f"{SLICE}-counters-0"):
+            status, answer = self.api.request("DELETE", f"{RESOURCE}/resourceslices/{name}")
+            if status not in (200, 404):
+                raise RuntimeError(f"DELETE slice {name}: {status} {answer}")
 
     def slice_watch(self) -> SliceWatch:
         listed = self.call("GET", f"{RESOURCE}/resourceslices?fieldSelector=metadata.name%3D{SLICE}")
@@ -329,11 +356,13 @@ class FakeCluster(Cluster):
     def prepare_node(self) -> None:
         self.fake.add_node(NODE, labels={GPU_ALLOCATION: "dra"})
 
-    def create_allocated_claims(self, count: int, devices: int) -> list[tuple[str, str]]:
+    def create_allocated_claims(self, count: int, chips: int, layout: str) -> list[tuple[str, str]]:
         out = []
         for n in range(count):
             name, uid = f"bench-claim-{n:05d}", f"00000000-0000-4000-8000-{n:012d}"
-            results = allocation(f"gpu-{n % devices}")["devices"]["results"]
+            results = allocation(allocated_device(layout, n, chips), layout == "shared", n)["devices"][
+                "results"
+            ]
             self.fake.add_claim(NAMESPACE, name, uid, results)
             out.append((name, uid))
         return out
@@ -341,6 +370,7 @@ class FakeCluster(Cluster):
     def delete_slice(self) -> None:
         with self.fake.lock:
             self.fake.slices.pop(SLICE, None)
+            self.fake.slices.pop(f"{SLICE}-counters-0", None)
 
     def slice_watch(self) -> SliceWatch:
         watch = SliceWatch()
@@ -380,13 +410,13 @@ class Round:
 
 @contextlib.contextmanager
 def dra_process(
-    work: Path, cluster: Cluster, devices_file: Path, log: Path
+    work: Path, cluster: Cluster, devices_file: Path, log: Path, flags: tuple[str, ...] = ()
 ) -> Iterator[subprocess.Popen[bytes]]:
     argv = [
         *(sys.executable, "-m", "ix_gpu", "dra", "--backend", "fake", "--fake-devices", str(devices_file)),
         *("--node-name", NODE, "--kubeconfig", str(cluster.kubeconfig), "--config", str(work / "ix-config")),
         *("--plugins-dir", str(work / "plugins"), "--registry-dir", str(work / "registry")),
-        *("--cdi-dir", str(work / "cdi"), "--log-level", "INFO"),
+        *("--cdi-dir", str(work / "cdi"), "--log-level", "INFO", *flags),
     ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(
@@ -405,18 +435,25 @@ def dra_process(
 
 
 def one_round(
-    n: int, base: Path, cluster: Cluster, devices_file: Path, claims: list[tuple[str, str]], expected: int
+    n: int,
+    base: Path,
+    cluster: Cluster,
+    devices_file: Path,
+    claims: list[tuple[str, str]],
+    expected: int,
+    layout: str,
 ) -> Round:
     work = base / f"r{n}"
     work.mkdir()
-    (work / "ix-config").write_text("flags:\n  splitboard: true\n")
+    config, flags = LAYOUTS[layout]
+    (work / "ix-config").write_text(config)
     log = base / f"dra-round{n}.log"
     cluster.delete_slice()
     watch = cluster.slice_watch()
     registration = work / "registry" / f"{DRIVER}-reg.sock"
     try:
         started = time.monotonic()
-        with dra_process(work, cluster, devices_file, log) as proc:
+        with dra_process(work, cluster, devices_file, log, flags) as proc:
             socket_at = None
             deadline = started + 60
             while not watch.event.is_set():
@@ -574,6 +611,14 @@ def main() -> int:
         "--boards", type=int, default=8, metavar="B", help="fake boards of 2 chips (default 8)"
     )
     parser.add_argument(
+        "--layout",
+        choices=tuple(LAYOUTS),
+        default="partitionable",
+        help="what the plugin publishes: each board and its chips with shared counters (partitionable, "
+        "the default on Kubernetes 1.36+), the chips alone (plain), or the chips in 4 memory shares "
+        "each (shared)",
+    )
+    parser.add_argument(
         "--fake-api", action="store_true", help="use tests/dra's fake API server, not kube-apiserver"
     )
     parser.add_argument("--k8s-bin", metavar="DIR", help="a directory with kube-apiserver v1.37.x")
@@ -587,7 +632,8 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="ixdrab", dir="/tmp"))  # short: unix socket paths
     devices_file = base / "devices.yaml"
     devices_file.write_text(devices_yaml(args.boards))
-    expected = args.boards * 2
+    chips = args.boards * 2
+    expected = published_devices(args.layout, args.boards)
     cluster: Cluster
     bin_dir = None if args.fake_api else find_apiserver(args.k8s_bin)
     if bin_dir is None:
@@ -598,9 +644,12 @@ def main() -> int:
     try:
         cluster.prepare_node()
         t0 = time.monotonic()
-        claims = cluster.create_allocated_claims(args.claims, expected)
+        claims = cluster.create_allocated_claims(args.claims, chips, args.layout)
         setup_s = time.monotonic() - t0
-        rounds = [one_round(n, base, cluster, devices_file, claims, expected) for n in range(args.rounds)]
+        rounds = [
+            one_round(n, base, cluster, devices_file, claims, expected, args.layout)
+            for n in range(args.rounds)
+        ]
     finally:
         cluster.close()
         if args.keep:
@@ -611,7 +660,13 @@ def main() -> int:
     if args.json:
         print(
             json.dumps(
-                {"api_server": cluster.description, "claims": args.claims, "rounds": args.rounds, **figures},
+                {
+                    "api_server": cluster.description,
+                    "layout": args.layout,
+                    "claims": args.claims,
+                    "rounds": args.rounds,
+                    **figures,
+                },
                 indent=2,
             )
         )
@@ -619,7 +674,8 @@ def main() -> int:
     print_table(
         figures,
         [
-            f"ix-gpu dra, fake backend: {args.boards} boards x 2 chips, splitboard ({expected} devices)",
+            f"ix-gpu dra, fake backend: {args.boards} boards x 2 chips, splitboard, layout {args.layout} "
+            f"({expected} devices)",
             f"API server: {cluster.description}",
             f"{args.rounds} rounds (a fresh process each) x {args.claims} claims created and allocated "
             f"beforehand ({setup_s:.1f} s), one NodePrepareResources call per claim, then one "

@@ -3,9 +3,10 @@ DRADeviceTaints feature is off by default and the apiserver silently drops devic
 
 The plugin publishes plain per-chip devices, which the apiserver accepts, and reads each write
 back: seeing its taint dropped, it takes the unhealthy chip out of the slice instead (so the
-scheduler cannot give it out) and says why once. Likewise DRAPartitionableDevices is off: the
-boards' shared counters it first writes are dropped, so it deletes its counter slice and publishes
-only the chips (splitboard: true), saying so once. No kubelet is needed to publish a slice: the
+scheduler cannot give it out) and says why once. Likewise DRAConsumableCapacity and
+DRAPartitionableDevices are off: its chips' memory shares (sharing.timeSlicing.replicas: 4) and then
+the boards' shared counters are dropped, so it publishes each chip whole and alone (splitboard:
+true), deletes its counter slice, and says so once for each. No kubelet is needed to publish a slice: the
 plugin serves its sockets into a directory of its own.
 """
 
@@ -69,7 +70,8 @@ def test_taints_dropped_by_the_oldest_apiserver_make_the_unhealthy_chip_leave_th
         second = text.index("health: 0", first + 1)
         devices.write_text(text[:second] + "health: 4" + text[second + len("health: 0") :])
         config = tmp / "ix-config"
-        config.write_text("flags:\n  splitboard: true\n")  # one device per chip: gpu-0 .. gpu-3
+        # One device per chip (gpu-0 .. gpu-3), shared in 4 where consumable capacity is served.
+        config.write_text("flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n")
         plugin: Process = ix_gpu_process(
             "dra-oldest",
             "dra",
@@ -94,6 +96,7 @@ def test_taints_dropped_by_the_oldest_apiserver_make_the_unhealthy_chip_leave_th
             stored: dict[str, Any] = request_ok(kube_api, "GET", SLICE)
             assert all("taints" not in d for d in stored["spec"]["devices"])
             assert all("consumesCounters" not in d for d in stored["spec"]["devices"])
+            assert all("allowMultipleAllocations" not in d for d in stored["spec"]["devices"])
             assert stored["spec"]["pool"]["name"] == NODE
             # The pool is the one devices slice: the counter slice the apiserver emptied is gone.
             assert stored["spec"]["pool"]["resourceSliceCount"] == 1
@@ -108,4 +111,6 @@ def test_taints_dropped_by_the_oldest_apiserver_make_the_unhealthy_chip_leave_th
         assert log.count("dropped the device taints") == 1, log[-3000:]
         assert "DRADeviceTaints" in log
         assert log.count("dropped the shared counters") == 1, log[-3000:]
+        assert log.count("dropped allowMultipleAllocations") == 1, log[-3000:]
+        assert "DRAConsumableCapacity" in log
         assert "DRAPartitionableDevices" in log

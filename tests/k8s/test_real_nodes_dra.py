@@ -51,6 +51,9 @@ DRIVER = "gpu.iluvatar.com"
 RESOURCE = "iluvatar.com/gpu"
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 ALLOCATION_LABEL = "ix-gpu.io/gpu.allocation"
+CONFIG_LABEL = "ix-gpu.io/device-plugin.config"
+SHARED = "shared4"
+"""gpu-b's per-node config: its chips shared in 4 memory shares (sharing.timeSlicing.replicas)."""
 INJECTED = "ix-gpu.io/injected"
 NODES = {spec.name: spec for spec in REAL_NODES}
 
@@ -60,6 +63,9 @@ def dra_values(images: Images) -> dict[str, Any]:
     # Pods asking iluvatar.com/gpu, unchanged, get it from DRA where no device plugin offers it.
     values["dra"] = {"enabled": True, "extendedResourceName": RESOURCE}
     values["plugin"]["config"] = {"flags": {"splitboard": True}}
+    values["plugin"]["nodeConfigs"] = {
+        SHARED: {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": 4}}}
+    }
     # CDI for the device plugin too, so a node relabelled for it serves pods through CDI.
     values["plugin"]["deviceListStrategy"] = "cdi"
     return values
@@ -100,7 +106,11 @@ def install_on_dra_nodes(release: Release) -> None:
         status, reply = release.api.request(
             "PATCH",
             f"/api/v1/nodes/{node}",
-            {"metadata": {"labels": {ALLOCATION_LABEL: "dra"}}},
+            {
+                "metadata": {
+                    "labels": {ALLOCATION_LABEL: "dra", **({CONFIG_LABEL: SHARED} if node == "gpu-b" else {})}
+                }
+            },
             content_type="application/merge-patch+json",
         )
         assert status == 200, reply
@@ -210,7 +220,13 @@ def test_each_node_publishes_its_boards_and_chips_with_the_device_models_attribu
             assert attributes["defaultForm"] is True  # splitboard: true, the chips
             assert attributes["resource.kubernetes.io/pciBusID"] == f"0000:{0x8A + index:02x}:00.0"
             assert attributes["board"].startswith("board-"), attributes
-            assert device["capacity"] == {"memory": {"value": "32Gi"}}, device
+            if node == "gpu-b":  # its config shares each chip in 4
+                assert device["allowMultipleAllocations"] is True, device
+                policy = {"default": "8Gi", "validRange": {"min": "8Gi", "max": "32Gi", "step": "8Gi"}}
+                assert device["capacity"] == {"memory": {"value": "32Gi", "requestPolicy": policy}}, device
+            else:
+                assert "allowMultipleAllocations" not in device
+                assert device["capacity"] == {"memory": {"value": "32Gi"}}, device
             assert "taints" not in device
         # The chips of one board share its board attribute, chips of two boards do not.
         boards = [found[f"gpu-{i}"]["attributes"]["board"]["string"] for i in range(spec.chips)]
@@ -318,6 +334,48 @@ def test_a_board_and_a_chip_of_it_never_both_but_two_chips_side_by_side(release:
     event = scheduling_failure(api, namespace, "chip-3", timeout=90)
     print(f"chip while its board is held, FailedScheduling: {event['message']}")
     assert "cannot allocate all claims" in event["message"], event["message"]
+    request_ok(api, "DELETE", ns)
+
+
+def test_three_memory_shares_of_one_chip_run_and_a_fourth_that_does_not_fit_waits(release: Release) -> None:
+    """Consumable capacity on the real scheduler and kubelet: gpu-b's chips are shared in four
+    8 GiB shares (its per-node config). Three pods, each with its own claim for 8 GiB of one chip,
+    all run on it, each claim with its own share and told its share in its CDI spec; a fourth
+    claim for 16 GiB of the same chip (8 GiB are left) stays Pending with the scheduler's reason."""
+    api = release.api
+    namespace = f"dra-shares-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    uuid = "GPU-gpu-b-0100-0000-4000-8000-000000000000"  # gpu-1
+    for name, memory in (("share", "8Gi"), ("big", "16Gi")):
+        template = claim_template(name, f'device.attributes["{DRIVER}"].uuid == "{uuid}"')
+        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+            "requests": {"memory": memory}
+        }
+        request_ok(api, "POST", templates, template)
+    names = ("share-1", "share-2", "share-3")
+    for name in names:
+        request_ok(api, "POST", f"{ns}/pods", claim_pod(name, release.image, template="share"))
+    pods = [wait_running(api, namespace, name, timeout=120) for name in names]
+    shares = set()
+    for pod in pods:
+        device, claim = allocated_device(release, namespace, pod)
+        assert (pod["spec"]["nodeName"], device) == ("gpu-b", "gpu-1"), (pod["spec"]["nodeName"], device)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["consumedCapacity"] == {"memory": "8Gi"}, result
+        shares.add(result["shareID"])
+        lines = check_output(release, namespace, pod["metadata"]["name"])
+        assert lines[0] == "given: /dev/iluvatar1" and f"IX_VISIBLE_DEVICES={uuid}" in lines, lines
+        (spec_file,) = [p for p in cdi_specs("gpu-b") if claim["metadata"]["uid"] in p.name]
+        env = json.loads(spec_file.read_text())["containerEdits"]["env"]
+        assert "IX_GPU_MEMORY_SHARE_MIB=8192" in env, env
+    assert len(shares) == 3, shares
+    request_ok(api, "POST", f"{ns}/pods", claim_pod("big", release.image, template="big"))
+    event = scheduling_failure(api, namespace, "big", timeout=90)
+    print(f"\n16 GiB of a chip with 8 GiB left, FailedScheduling: {event['message']}")
+    assert "cannot allocate all claims" in event["message"], event["message"]
+    pod = get_pod(api, namespace, "big")
+    assert pod is not None and pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     request_ok(api, "DELETE", ns)
 
 

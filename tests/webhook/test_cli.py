@@ -208,14 +208,16 @@ def test_mutate_a_dra_pod_with_its_claim_template() -> None:
     assert corex["volumeMounts"][0]["mountPath"] == "/usr/local/corex"
 
 
-def test_mutate_injects_board_and_chip_pods_of_the_any_form_device_class() -> None:
-    """examples/dra-board-or-chip.yaml: claims of any.gpu.iluvatar.com, which the built-in
-    Iluvatar profile names beside gpu.iluvatar.com."""
-    example = EXAMPLES / "dra-board-or-chip.yaml"
-    result = ix_gpu("mutate", "-f", str(example), "--claim-template", str(example))
-    assert result.returncode == 0, result.stderr
-    pods = [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Pod"]
-    assert [p["metadata"]["name"] for p in pods] == ["corex-board", "corex-chip"]
+def test_mutate_injects_the_board_chip_and_memory_share_examples() -> None:
+    """examples/dra-board-or-chip.yaml (claims of any.gpu.iluvatar.com, which the built-in Iluvatar
+    profile names beside gpu.iluvatar.com) and examples/dra-memory-share.yaml."""
+    pods = []
+    for example in ("dra-board-or-chip.yaml", "dra-memory-share.yaml"):
+        path = str(EXAMPLES / example)
+        result = ix_gpu("mutate", "-f", path, "--claim-template", path)
+        assert result.returncode == 0, result.stderr
+        pods += [d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["corex-board", "corex-chip", "corex-share"]
     for pod in pods:
         corex = pod["spec"]["containers"][0]
         assert corex["env"] == [{"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}]
