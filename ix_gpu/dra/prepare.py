@@ -23,11 +23,9 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from ix_gpu.devicemodel.quantities import parse_quantity
 from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from ix_gpu.dra.claims import ClaimError, ClaimRef, allocated
@@ -37,7 +35,18 @@ from ix_gpu.node.devices.device_list import Device, DeviceList
 
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_SUFFIX.update({f"{s}i": 1 << (10 * (n + 1)) for n, s in enumerate(("K", "M", "G", "T", "P", "E"))})
+_MEMORY = re.compile(r"(\d{1,30})(|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)")
+
+
+def memory_mib(quantity: str) -> int | None:
+    """A memory quantity as the scheduler writes it (canonical: whole number, one suffix) in whole
+    MiB; None for any other form. Not :mod:`ix_gpu.devicemodel.quantities`: its Fraction brings
+    the decimal module into a process that stays small."""
+    found = _MEMORY.fullmatch(quantity.strip())
+    return int(found[1]) * _SUFFIX[found[2]] >> 20 if found else None
+
 
 MEMORY_SHARE_ENV = "IX_GPU_MEMORY_SHARE_MIB"
 
@@ -108,13 +117,19 @@ class Preparer:
             )
             for r in results
         )
-        shares: dict[str, Fraction] = {}
+        shares: dict[str, int] = {}
         for r in results:
             if r.memory is not None and r.device in ours:
-                try:
-                    shares[r.device] = shares.get(r.device, Fraction(0)) + parse_quantity(r.memory)
-                except ValueError:
-                    raise ClaimError(f"claim {ref}: device {r.device} consumed memory {r.memory!r}") from None
+                mib = memory_mib(r.memory)
+                if mib is None:  # advisory only: the claim is prepared without it
+                    log.warning(
+                        "claim %s: device %s consumed memory %r, not a quantity read here",
+                        ref,
+                        r.device,
+                        r.memory,
+                    )
+                    continue
+                shares[r.device] = shares.get(r.device, 0) + mib
         spec = self._spec(ref.uid, list(ours.values()), shares) if ours else None
         with self._lock:
             try:
@@ -130,7 +145,7 @@ class Preparer:
         log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared) or "no devices of ours")
         return prepared
 
-    def _spec(self, uid: str, devices: list[DraDevice], shares: Mapping[str, Fraction]) -> dict[str, Any]:
+    def _spec(self, uid: str, devices: list[DraDevice], shares: Mapping[str, int]) -> dict[str, Any]:
         entries = tuple(Device(id=f"{uid}-{d.name}", physical=d.physical) for d in devices)
         listed = DeviceList(
             physical=tuple(d.physical for d in devices),
@@ -146,7 +161,7 @@ class Preparer:
         edits = spec.setdefault("containerEdits", {})
         edits["env"] = [*edits.get("env", []), f"{self.vendor.visible_devices_env}={visible}"]
         if shares:
-            mib = ",".join(str(int(shares.get(d.name, d.physical.memory_mib * MIB) // MIB)) for d in devices)
+            mib = ",".join(str(shares.get(d.name, d.physical.memory_mib)) for d in devices)
             edits["env"].append(f"{MEMORY_SHARE_ENV}={mib}")
         return spec
 

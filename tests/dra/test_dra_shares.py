@@ -15,7 +15,7 @@ import pytest
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
-from ix_gpu.dra.prepare import MEMORY_SHARE_ENV
+from ix_gpu.dra.prepare import MEMORY_SHARE_ENV, memory_mib
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, running, settings
@@ -119,3 +119,19 @@ def test_shares_the_apiserver_drops_make_each_device_exclusive_said_once(
     assert all(d["capacity"] == {"memory": {"value": "32768Mi"}} for d in devices)
     said = [r.getMessage() for r in caplog.records if "allowMultipleAllocations" in r.getMessage()]
     assert len(said) == 1 and "DRAConsumableCapacity" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("quantity", "mib"),
+    [
+        ("8Gi", 8192),
+        ("8192Mi", 8192),
+        ("8589934592", 8192),
+        ("1000M", 953),
+        ("1Ti", 1 << 20),
+        ("1.5Gi", None),
+        ("8 Gi", None),
+    ],
+)
+def test_memory_quantities_as_the_scheduler_writes_them(quantity: str, mib: int | None) -> None:
+    assert memory_mib(quantity) == mib
