@@ -90,9 +90,11 @@ def test_taints_dropped_by_the_oldest_apiserver_make_the_unhealthy_chip_leave_th
             # The layouts are tried in turn (shares, then boards and chips, then plain chips), each
             # written and read back: wait for the last, a one-slice pool without chip 1.
             wait_until(
-                lambda: device_names(kube_api) == {"gpu-0", "gpu-2", "gpu-3"}
-                and "dropped the shared counters" in plugin.log.read_text()
-                and kube_api.request("GET", f"{SLICE}-counters-0")[0] == 404,
+                lambda: (
+                    device_names(kube_api) == {"gpu-0", "gpu-2", "gpu-3"}
+                    and "dropped the shared counters" in plugin.log.read_text()
+                    and kube_api.request("GET", f"{SLICE}-counters-0")[0] == 404
+                ),
                 "chip 1 out of the plain layout",
                 60,
                 process=plugin,

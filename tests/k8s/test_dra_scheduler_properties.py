@@ -34,12 +34,16 @@ from typing import Any
 import pytest
 
 from ix_gpu.devicemodel.quantities import parse_quantity
-from ix_gpu.devicemodel.vendors import ILUVATAR
-from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
-from ix_gpu.dra.slices import SlicePublisher
-from ix_gpu.node.backends.base import Chip
-from ix_gpu.runtime.kube import ApiServer
-from tests.chart.rendering import render
+from tests.k8s.dra_pools import (
+    DRIVER,
+    RESOURCE_API,
+    chips,
+    claim_pod,
+    create_device_classes,
+    create_node,
+    delete_pool,
+    publish_pool,
+)
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI, start_kube_scheduler
 from tests.k8s.pods import request_ok
 from tests.support.processes import Process
@@ -47,8 +51,6 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-DRIVER = "gpu.iluvatar.com"
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 PODS = 120
 GI = Fraction(1 << 30)
 
@@ -56,13 +58,6 @@ GI = Fraction(1 << 30)
 @pytest.fixture(scope="module")
 def kube_api(current_kube_api: KubeAPI) -> KubeAPI:
     return current_kube_api
-
-
-def _chips(node: str, product: str, per_board: int, boards: int = 2) -> list[Chip]:
-    return [
-        Chip(f"GPU-{node}-{i}", i, i, f"{node}-b{i // per_board}", i % per_board, product, 32768, 0)
-        for i in range(boards * per_board)
-    ]
 
 
 KINDS_OF_NODE: dict[str, dict[str, Any]] = {
@@ -80,34 +75,19 @@ def cluster(
 ) -> Iterator[dict[str, dict[str, Any]]]:
     """The nodes, their pools, the chart's DeviceClasses and a scheduler; the published devices
     by node, by name."""
-    server = ApiServer.from_kubeconfig(kube_api.kubeconfig)
-    classes = [o for o in render({"dra": {"enabled": True}}) if o["kind"] == "DeviceClass"]
-    for device_class in classes:
-        request_ok(kube_api, "POST", f"{RESOURCE_API}/deviceclasses", device_class)
+    classes = create_device_classes(kube_api)
     published: dict[str, dict[str, Any]] = {}
     for name, spec in NODES.items():
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"type": "prop"}}}
-        request_ok(kube_api, "POST", "/api/v1/nodes", node)
-        resources = {"cpu": "64", "memory": "256Gi", "pods": "110"}
-        status, reply = kube_api.request(
-            "PATCH",
-            f"/api/v1/nodes/{name}/status",
-            {"status": {"capacity": resources, "allocatable": resources}},
-            content_type="application/merge-patch+json",
-        )
-        assert status == 200, reply
+        create_node(kube_api, name, {"type": "prop"})
         product, per_board = spec["chips"]
-        devices = dra_devices(
-            _chips(name, product, per_board),
+        published[name] = publish_pool(
+            kube_api,
+            name,
+            chips(name, product, per_board),
             splitboard=spec["splitboard"],
             partitionable=spec.get("partitionable", False),
             shares=spec.get("shares", 1),
         )
-        entries = slice_devices(devices, ILUVATAR, DRIVER)
-        publisher = SlicePublisher(server, driver=DRIVER, node=name)
-        publisher.publish(entries, counter_sets(devices))
-        assert not publisher.counters_dropped and not publisher.shares_dropped  # v1.37 keeps them
-        published[name] = {e["name"]: e for e in entries}
     scheduler: Process = start_kube_scheduler(
         k8s_binaries, kube_api.kubeconfig, tmp_path_factory.mktemp("scheduler"), k8s_log_dir
     )
@@ -116,11 +96,9 @@ def cluster(
     finally:
         scheduler.stop()
         for name in NODES:
-            kube_api.request("DELETE", f"/api/v1/nodes/{name}")
-            for suffix in ("", "-counters-0"):
-                kube_api.request("DELETE", f"{RESOURCE_API}/resourceslices/{name}-{DRIVER}{suffix}")
+            delete_pool(kube_api, name)
         for device_class in classes:
-            kube_api.request("DELETE", f"{RESOURCE_API}/deviceclasses/{device_class['metadata']['name']}")
+            kube_api.request("DELETE", f"{RESOURCE_API}/deviceclasses/{device_class}")
 
 
 def _attribute(name: str) -> str:
@@ -196,18 +174,7 @@ def test_random_claims_are_never_double_booked(kube_api: KubeAPI, cluster: dict[
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
         }
         request_ok(kube_api, "POST", claims_path, claim)
-        pod = {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"type": "prop"},
-                # The apiserver's TaintNodesByCondition taints a new Node not-ready; no kubelet
-                # will ever make these Ready.
-                "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-                "containers": [{"name": "c", "image": "pause", "resources": {"claims": [{"name": "gpu"}]}}],
-            },
-        }
-        request_ok(kube_api, "POST", f"{ns}/pods", pod)
+        request_ok(kube_api, "POST", f"{ns}/pods", claim_pod(name, {"type": "prop"}))
 
     def decided() -> dict[str, Any] | None:
         pods = request_ok(kube_api, "GET", f"{ns}/pods")["items"]
@@ -244,7 +211,7 @@ def test_random_claims_are_never_double_booked(kube_api: KubeAPI, cluster: dict[
     exclusive: dict[tuple[str, str], str] = {}
     consumed: dict[tuple[str, str], Fraction] = collections.defaultdict(Fraction)
     holders: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
-    chips: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
+    by_chip: dict[tuple[str, str], list[str]] = collections.defaultdict(list)
     """(pool, chip uuid) -> claim:device of each allocation that covers that chip."""
     allocated_kinds: collections.Counter[str] = collections.Counter()
     for name, claim in claims.items():
@@ -281,15 +248,15 @@ def test_random_claims_are_never_double_booked(kube_api: KubeAPI, cluster: dict[
                 if kind == "share":
                     assert parse_quantity(device["capacity"]["memory"]["value"]) >= want["memory"] * GI
             for chip in covered(cluster[result["pool"]], device):
-                chips[(result["pool"], chip)].append(f"{name}:{device['name']}")
+                by_chip[(result["pool"], chip)].append(f"{name}:{device['name']}")
 
     # No chip with its board, no chip twice: every physical chip goes to one claim, or only to
     # claims sharing its device.
-    doubled = {key: who for key, who in chips.items() if len({w.partition(":")[2] for w in who}) > 1}
+    doubled = {key: who for key, who in by_chip.items() if len({w.partition(":")[2] for w in who}) > 1}
     assert not doubled, doubled
     doubled = {
         key: who
-        for key, who in chips.items()
+        for key, who in by_chip.items()
         if len(who) > 1 and not cluster[key[0]][who[0].partition(":")[2]].get("allowMultipleAllocations")
     }
     assert not doubled, doubled

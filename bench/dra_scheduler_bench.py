@@ -1,0 +1,238 @@
+"""Scheduler time per DRA claim, as kube-scheduler's own metrics report it, for the pools ``ix-gpu
+dra`` publishes: plain per-chip slices against partitionable boards (each board and its chips,
+with counter sets) and shared chips (memory shares), on the same run.
+
+    .venv/bin/python bench/dra_scheduler_bench.py [--nodes 10] [--pods 20] [--rounds 2] [--json]
+
+A real etcd, kube-apiserver v1.37.2 and kube-scheduler on loopback (tests/k8s's helpers; binaries
+from the tests/k8s/build.sh cache, or ``IX_GPU_K8S_BIN``). Nodes are API objects only, ``--nodes``
+per layout, each of two BI-V150 boards (four chips); their slices are written by the driver's code
+(tests/k8s/dra_pools.py), the DeviceClasses are the chart's. Every pod has its own ResourceClaim
+for one device of ``gpu.iluvatar.com`` (the default form: a chip) and a node selector for its
+layout; a warm-up phase on the plain nodes comes first. Then, ``--rounds`` times, one phase per
+layout in turn: ``--pods`` pods created at once, waited for until all are bound.
+
+Per phase, the difference of ``scheduler_scheduling_attempt_duration_seconds`` (result
+``scheduled``; sum over count) before and after is the scheduler's time per pod, and with one
+claim per pod, per claim; ``scheduler_framework_extension_point_duration_seconds`` gives the
+share of it spent in the DynamicResources plugin's extension points. The target: partitionable
+and shared within 1.2x of plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import ssl
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tests.k8s.dra_pools import (  # noqa: E402
+    RESOURCE_API,
+    chips,
+    claim_pod,
+    create_device_classes,
+    create_node,
+    publish_pool,
+)
+from tests.k8s.k8s_tier import (  # noqa: E402
+    K8sBinaries,
+    KubeAPI,
+    build_binaries,
+    start_etcd,
+    start_kube_apiserver,
+    start_kube_scheduler,
+)
+from tests.support.net import free_port  # noqa: E402
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "plain": {"splitboard": True},
+    "partitionable": {"splitboard": True, "partitionable": True},
+    "shared": {"splitboard": True, "shares": 4},
+}
+ATTEMPTS = "scheduler_scheduling_attempt_duration_seconds"
+EXTENSION_POINTS = "scheduler_framework_extension_point_duration_seconds"
+TARGET = 1.2
+
+
+def scrape(url: str, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The scheduler's /metrics (its serving cert is self-signed), samples by name and labels."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+        text = answer.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(
+        v for (n, ls), v in samples.items() if n == name and all((k, v2) in ls for k, v2 in labels.items())
+    )
+
+
+def phase(
+    api: KubeAPI, namespace: str, layout: str, count: int, first: int, metrics: Any
+) -> dict[str, float]:
+    """``count`` pods for ``layout``'s nodes, created at once; the scheduler's figures for them."""
+    before = metrics()
+    start = time.monotonic()
+    claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    names = [f"{layout[:4]}-{first + i:04d}" for i in range(count)]
+    for name in names:
+        claim = {
+            "metadata": {"name": name},
+            "spec": {
+                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.iluvatar.com"}}]}
+            },
+        }
+        status, reply = api.request("POST", claims, claim)
+        assert status == 201, reply
+        status, reply = api.request(
+            "POST", f"/api/v1/namespaces/{namespace}/pods", claim_pod(name, {"layout": layout})
+        )
+        assert status == 201, reply
+    deadline = start + 300
+    while True:
+        status, listed = api.request("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector=")
+        bound = {p["metadata"]["name"] for p in listed["items"] if p["spec"].get("nodeName")}
+        if set(names) <= bound:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{layout}: {len(set(names) - bound)} pods not bound after 300 s")
+        time.sleep(0.2)
+    wall = time.monotonic() - start
+    time.sleep(1)  # the last attempt's observation
+    after = metrics()
+
+    def delta(name: str, suffix: str, **labels: str) -> float:
+        return total(after, name + suffix, **labels) - total(before, name + suffix, **labels)
+
+    attempts = delta(ATTEMPTS, "_count", result="scheduled")
+    seconds = delta(ATTEMPTS, "_sum", result="scheduled")
+    return {
+        "pods": count,
+        "attempts": attempts,
+        "ms_per_claim": 1000 * seconds / attempts if attempts else float("nan"),
+        "wall_s": wall,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--nodes", type=int, default=10, metavar="N", help="nodes per layout (default 10)")
+    parser.add_argument("--pods", type=int, default=16, metavar="P", help="pods per phase (default 16)")
+    parser.add_argument("--rounds", type=int, default=2, metavar="R", help="phases per layout (default 2)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args()
+    warmup = 8
+    if args.nodes < 1 or args.pods < 1 or args.rounds < 1:
+        parser.error("--nodes, --pods and --rounds must be at least 1")
+    if args.pods * args.rounds + warmup > args.nodes * 4:
+        parser.error(f"--pods x --rounds + {warmup} (warm-up) must fit in --nodes x 4 chips")
+    binaries: K8sBinaries = build_binaries(targets=("kube-apiserver", "kube-scheduler"))
+    work = Path(tempfile.mkdtemp(prefix="ixdrasched"))
+    logs = work / "logs"
+    logs.mkdir()
+    etcd = start_etcd(binaries, logs)
+    results: dict[str, list[dict[str, float]]] = {layout: [] for layout in LAYOUTS}
+    try:
+        api = start_kube_apiserver(binaries, etcd, work / "apiserver", logs)
+        try:
+            create_device_classes(api)
+            for layout, spec in LAYOUTS.items():
+                for i in range(args.nodes):
+                    name = f"{layout}-{i:03d}"
+                    create_node(api, name, {"layout": layout})
+                    publish_pool(api, name, chips(name, "Iluvatar BI-V150", 2), **spec)
+            port = free_port()
+            scheduler = start_kube_scheduler(
+                binaries,
+                api.kubeconfig,
+                work,
+                logs,
+                ("--kube-api-qps=500", "--kube-api-burst=1000"),
+                port=port,
+            )
+            try:
+                namespace = f"bench-{secrets.token_hex(3)}"
+                status, reply = api.request("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+                assert status == 201, reply
+                url = f"https://127.0.0.1:{port}/metrics"
+
+                def metrics() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+                    return scrape(url, api.token)
+
+                phase(api, namespace, "plain", warmup, 9000, metrics)
+                for r in range(args.rounds):
+                    for layout in LAYOUTS:
+                        results[layout].append(
+                            phase(api, namespace, layout, args.pods, r * args.pods, metrics)
+                        )
+            finally:
+                scheduler.stop()
+        finally:
+            api.stop()
+    finally:
+        etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    figures: dict[str, float] = {}
+    for layout, phases in results.items():
+        attempts = sum(p["attempts"] for p in phases)
+        figures[f"{layout}_ms_per_claim"] = sum(p["ms_per_claim"] * p["attempts"] for p in phases) / attempts
+        figures[f"{layout}_wall_s_per_phase"] = sum(p["wall_s"] for p in phases) / len(phases)
+    for layout in ("partitionable", "shared"):
+        figures[f"{layout}_vs_plain"] = figures[f"{layout}_ms_per_claim"] / figures["plain_ms_per_claim"]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "nodes_per_layout": args.nodes,
+                    "pods_per_phase": args.pods,
+                    "rounds": args.rounds,
+                    **figures,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    load = os.getloadavg()[0]
+    print(
+        f"kube-scheduler v1.37.2, {args.nodes} nodes per layout (2 BI-V150 boards each), {args.rounds} "
+        f"phases per layout of {args.pods} pods, one claim each; load average {load:.2f}"
+    )
+    print(f"  {'layout':<14} {'ms per claim':>12} {'wall s/phase':>12} {'vs plain':>9}  target")
+    for layout in LAYOUTS:
+        ratio = figures.get(f"{layout}_vs_plain")
+        verdict = "" if ratio is None else ("ok" if ratio <= TARGET else "MISSED")
+        per_claim, wall = figures[f"{layout}_ms_per_claim"], figures[f"{layout}_wall_s_per_phase"]
+        against = "" if ratio is None else f"{ratio:.2f}x"
+        target = "" if ratio is None else f"<= {TARGET}x {verdict}"
+        print(f"  {layout:<14} {per_claim:>12.2f} {wall:>12.2f} {against:>9}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
