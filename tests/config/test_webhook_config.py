@@ -187,8 +187,8 @@ def test_the_host_driver_example_is_the_previous_nvidia_default() -> None:
     # Pinned: a change here changes the injected annotation of every object mutated under this
     # config (its next pass strips and re-injects the same items). It was the built-in default's
     # digest before NVIDIA left the driver to the toolkit; DRA (deviceClasses,
-    # policy.claimLookupFailure) changed it.
-    assert config.digest() == "70154efc1b"
+    # policy.claimLookupFailure) changed it, and again the any-form DeviceClass (boards and chips).
+    assert config.digest() == "3b5d0c8328"
 
 
 @pytest.mark.parametrize(
@@ -295,11 +295,11 @@ def test_json_schema_is_generated_from_the_models_with_camel_case_keys() -> None
 def test_device_classes_map_to_profiles_and_the_iluvatar_default_has_its_own() -> None:
     config = default_config()
     assert [(p.name, p.device_classes) for p in config.profiles] == [
-        ("iluvatar", ("gpu.iluvatar.com",)),
+        ("iluvatar", ("gpu.iluvatar.com", "any.gpu.iluvatar.com")),
         ("nvidia", ()),
     ]
     dumped = config.model_dump(mode="json", by_alias=True)
-    assert dumped["profiles"][0]["deviceClasses"] == ["gpu.iluvatar.com"]
+    assert dumped["profiles"][0]["deviceClasses"] == ["gpu.iluvatar.com", "any.gpu.iluvatar.com"]
     assert dumped["policy"]["claimLookupFailure"] == "allow-unmodified"
     assert parse_config({"policy": {"claimLookupFailure": "deny"}}).policy.claim_lookup_failure == "deny"
 

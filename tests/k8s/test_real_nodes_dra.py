@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.k8s import training_operator
 from tests.k8s.chart_values import real_node_chart_values
+from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
 from tests.k8s.real_nodes import DRIVER_ROOT, REAL_NODES, TIER_ROOT, Images, RealNodeSpec
 from tests.k8s.real_release import (
@@ -446,6 +448,57 @@ def test_the_seed_pod_unchanged_gets_its_gpu_from_dra_through_the_extended_resou
     assert lines[1] == f"opened: /dev/iluvatar{index}", lines
     assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
     request_ok(api, "DELETE", ns)
+
+
+def test_a_tfjob_unchanged_gets_its_worker_gpu_from_dra_through_the_extended_resource(
+    release: Release,
+) -> None:
+    """The seed's TfJob shape (one worker asking ``iluvatar.com/gpu: 1`` in its limits) as a
+    kubeflow.org/v1 TFJob, unchanged, with the training operator running in the cluster: its worker
+    pod lands on a DRA node, the scheduler allocates it a chip through a claim it makes (named in the
+    pod's status), ``ix-gpu dra`` prepares it, and the webhook injected the template and the pod."""
+    api = release.api
+    assert release.cluster.real_nodes is not None and release.cluster.real_nodes.images is not None
+    group_version = install_crd(api, kubeflow_tfjob_crd())
+    training_operator.install(api, release.cluster.real_nodes.images.training_operator_ref)
+    namespace = f"dra-tfjob-{secrets.token_hex(3)}"
+    new_namespace(api, namespace)
+    worker = {
+        "name": "tensorflow",
+        "image": release.image,
+        "command": ["python3", "-c", device_check()],
+        "resources": {"limits": {RESOURCE: 1}},
+        "securityContext": {"runAsUser": 0},
+    }
+    template = {"spec": {"containers": [worker], "terminationGracePeriodSeconds": 1}}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {"name": "mnist"},
+        "spec": {
+            "tfReplicaSpecs": {"Worker": {"replicas": 1, "restartPolicy": "Never", "template": template}}
+        },
+    }
+    stored = request_ok(api, "POST", f"{group_version}/namespaces/{namespace}/tfjobs", job)
+    stored_worker = stored["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert stored_worker["resources"] == {"limits": {RESOURCE: 1}}, stored_worker  # no claim added
+    pod = wait_running(api, namespace, "mnist-worker-0", timeout=180)
+    assert pod["spec"]["nodeName"] in NODES
+    assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), pod["metadata"]
+    status = pod["status"]["extendedResourceClaimStatus"]
+    (mapping,) = status["requestMappings"]
+    assert (mapping["containerName"], mapping["resourceName"]) == ("tensorflow", RESOURCE), status
+    claim = request_ok(
+        api, "GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{status['resourceClaimName']}"
+    )
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, pod["spec"]["nodeName"]), result
+    lines = check_output(release, namespace, "mnist-worker-0")
+    assert lines[0] == f"given: /dev/iluvatar{result['device'].removeprefix('gpu-')}", lines
+    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
+    print(f"\nTFJob worker on {pod['spec']['nodeName']}: {status}, {result['device']}")
+    request_ok(api, "DELETE", f"{group_version}/namespaces/{namespace}/tfjobs/mnist")
+    request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
 
 
 CDI_LIBRARY = f"{DRIVER_ROOT}/lib64/libixml.so"
@@ -929,6 +982,59 @@ def test_a_device_plugin_pod_through_cdi_keeps_its_library_path(release: Release
     assert found["loaded without LD_LIBRARY_PATH"] == CDI_LIBRARY, found
     containerd_log = (release.node("gpu-a").log_dir / "containerd-gpu-a.log").read_text()
     assert "CDI devices from CRI Config.CDIDevices: [iluvatar.com/gpu=" in containerd_log
+    request_ok(api, "DELETE", ns)
+
+
+def test_an_unhealthy_chip_shows_in_the_status_of_a_device_plugin_pod_using_it(release: Release) -> None:
+    """KEP-4680 for device plugins: gpu-a is the device plugin's now; a pod holding one of its
+    chips sees it Unhealthy in ``allocatedResourcesStatus`` once the plugin's ListAndWatch reports
+    the chip unhealthy (the kubelet's ResourceHealthStatus, beta and on since 1.36)."""
+    api = release.api
+    namespace = f"dp-health-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    pod = image_pod("watched", release.image, ["sleep", "3600"], gpus=1)
+    pod["spec"]["nodeName"] = "gpu-a"
+    request_ok(api, "POST", f"{ns}/pods", pod)
+    wait_running(api, namespace, "watched", timeout=120)
+
+    def resource_health() -> dict[str, Any]:
+        found = get_pod(api, namespace, "watched") or {}
+        for status in found.get("status", {}).get("containerStatuses", []):
+            for entry in status.get("allocatedResourcesStatus") or []:
+                if entry["name"] == RESOURCE and entry.get("resources"):
+                    return {"name": entry["name"], **entry["resources"][0]}
+        return {}
+
+    wait_until(lambda: resource_health().get("health") == "Healthy", "Healthy in the pod's status", 60)
+    uuid = resource_health()["resourceID"]
+    print(f"\nallocatedResourcesStatus entry: {resource_health()}")
+    script = TIER_ROOT / "gpu-a" / "corex" / "fake-ixml-devices"
+    healthy = script.read_text()
+    lines = healthy.splitlines()
+    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
+    fields = lines[row].split()
+    fields[4] = "4"  # over temperature
+    lines[row] = " ".join(fields)
+    script.write_text("\n".join(lines) + "\n")
+    started = time.monotonic()
+    try:
+        wait_until(
+            lambda: resource_health().get("health") == "Unhealthy",
+            "Unhealthy in the device plugin pod's status",
+            30,
+            interval=0.25,
+            details=lambda: str(resource_health()),
+        )
+        print(f"Unhealthy after {time.monotonic() - started:.1f} s: {resource_health()}")
+    finally:
+        script.write_text(healthy)
+    wait_until(
+        lambda: resource_health().get("health") == "Healthy",
+        "Healthy again in the device plugin pod's status",
+        60,
+        interval=0.5,
+        details=lambda: str(resource_health()),
+    )
     request_ok(api, "DELETE", ns)
 
 
