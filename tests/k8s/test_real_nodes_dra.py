@@ -14,6 +14,7 @@ The tests share the release and run in file order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import ssl
@@ -743,43 +744,53 @@ def test_the_plugin_restarted_between_prepare_and_unprepare_still_cleans_up(rele
     wait_until(lambda: uid not in checkpoint.read_text(), "the claim gone from the checkpoint", 30)
 
 
+@contextlib.contextmanager
+def overheated(node: str, uuid: str) -> Iterator[None]:
+    """Chip ``uuid`` of ``node`` over temperature (health 0x4) in the stub libixml's devices file,
+    which it reads on every count; healthy again on leaving."""
+    script = TIER_ROOT / node / "corex" / "fake-ixml-devices"
+    healthy = script.read_text()
+    lines = healthy.splitlines()
+    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
+    fields = lines[row].split()
+    fields[4] = "4"
+    lines[row] = " ".join(fields)
+    script.write_text("\n".join(lines) + "\n")
+    try:
+        yield
+    finally:
+        script.write_text(healthy)
+
+
 def test_an_unhealthy_chip_is_tainted_in_the_slice_and_no_new_claim_gets_it(release: Release) -> None:
     """The stub libixml reads its devices file on every count: chip 3 of gpu-a turns unhealthy
     (health 0x4) and the plugin's health loop taints it (``resource.k8s.io/v1`` device taints,
     GA in 1.37); a claim for exactly that chip then finds no device. Healthy again: the taint goes."""
     api = release.api
-    script = TIER_ROOT / "gpu-a" / "corex" / "fake-ixml-devices"
-    healthy = script.read_text()
-    lines = healthy.splitlines()
     uuid = "GPU-gpu-a-0101-0000-4000-8000-000000000000"
-    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
-    fields = lines[row].split()
-    fields[4] = "4"
-    lines[row] = " ".join(fields)
     generation = slices(release)["gpu-a"]["spec"]["pool"]["generation"]
-    script.write_text("\n".join(lines) + "\n")
     namespace = ""
     try:
-        wait_until(
-            lambda: devices(release, "gpu-a")["gpu-3"].get("taints"),
-            "gpu-3 tainted in gpu-a's slice",
-            60,
-            interval=0.5,
-        )
-        tainted = slices(release)["gpu-a"]
-        (taint,) = next(d for d in tainted["spec"]["devices"] if d["name"] == "gpu-3")["taints"]
-        print(f"\ngpu-3 taint: {taint}")
-        assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule", taint
-        assert tainted["spec"]["pool"]["generation"] > generation
-        # Its board goes with it; its sibling chip stays allocatable.
-        marked = [d["name"] for d in tainted["spec"]["devices"] if d.get("taints")]
-        assert marked == ["board-2", "gpu-3"], marked
-        selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
-        namespace, _ = start_claim_pod(release, "dra-sick", "sick", selector)
-        event = scheduling_failure(api, namespace, "sick", timeout=90)
-        assert "cannot allocate all claims" in event["message"], event["message"]
+        with overheated("gpu-a", uuid):
+            wait_until(
+                lambda: devices(release, "gpu-a")["gpu-3"].get("taints"),
+                "gpu-3 tainted in gpu-a's slice",
+                60,
+                interval=0.5,
+            )
+            tainted = slices(release)["gpu-a"]
+            (taint,) = next(d for d in tainted["spec"]["devices"] if d["name"] == "gpu-3")["taints"]
+            print(f"\ngpu-3 taint: {taint}")
+            assert taint["key"] == f"{DRIVER}/unhealthy" and taint["effect"] == "NoSchedule", taint
+            assert tainted["spec"]["pool"]["generation"] > generation
+            # Its board goes with it; its sibling chip stays allocatable.
+            marked = [d["name"] for d in tainted["spec"]["devices"] if d.get("taints")]
+            assert marked == ["board-2", "gpu-3"], marked
+            selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
+            namespace, _ = start_claim_pod(release, "dra-sick", "sick", selector)
+            event = scheduling_failure(api, namespace, "sick", timeout=90)
+            assert "cannot allocate all claims" in event["message"], event["message"]
     finally:
-        script.write_text(healthy)
         if namespace:
             api.request("DELETE", f"/api/v1/namespaces/{namespace}")
     wait_until(
@@ -829,18 +840,10 @@ def test_an_unhealthy_chip_shows_in_the_status_of_the_pod_using_it(release: Rele
         device.removeprefix("gpu-"),
     )
     print(f"\nallocatedResourcesStatus entry: {resource_health()}")
-    script = TIER_ROOT / "gpu-b" / "corex" / "fake-ixml-devices"
-    healthy = script.read_text()
     index = int(device.removeprefix("gpu-"))
     uuid = f"GPU-gpu-b-{index:02d}00-0000-4000-8000-000000000000"
-    lines = healthy.splitlines()
-    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
-    fields = lines[row].split()
-    fields[4] = "4"  # over temperature
-    lines[row] = " ".join(fields)
-    script.write_text("\n".join(lines) + "\n")
     started = time.monotonic()
-    try:
+    with overheated("gpu-b", uuid):
         wait_until(
             lambda: resource_health().get("health") == "Unhealthy",
             "Unhealthy in the pod's status",
@@ -850,8 +853,6 @@ def test_an_unhealthy_chip_shows_in_the_status_of_the_pod_using_it(release: Rele
         )
         print(f"Unhealthy after {time.monotonic() - started:.1f} s: {resource_health()}")
         assert "over temperature" in resource_health().get("message", ""), resource_health()
-    finally:
-        script.write_text(healthy)
     started = time.monotonic()
     wait_until(
         lambda: resource_health().get("health") == "Healthy",
@@ -1008,16 +1009,8 @@ def test_an_unhealthy_chip_shows_in_the_status_of_a_device_plugin_pod_using_it(r
     wait_until(lambda: resource_health().get("health") == "Healthy", "Healthy in the pod's status", 60)
     uuid = resource_health()["resourceID"]
     print(f"\nallocatedResourcesStatus entry: {resource_health()}")
-    script = TIER_ROOT / "gpu-a" / "corex" / "fake-ixml-devices"
-    healthy = script.read_text()
-    lines = healthy.splitlines()
-    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
-    fields = lines[row].split()
-    fields[4] = "4"  # over temperature
-    lines[row] = " ".join(fields)
-    script.write_text("\n".join(lines) + "\n")
     started = time.monotonic()
-    try:
+    with overheated("gpu-a", uuid):
         wait_until(
             lambda: resource_health().get("health") == "Unhealthy",
             "Unhealthy in the device plugin pod's status",
@@ -1026,8 +1019,6 @@ def test_an_unhealthy_chip_shows_in_the_status_of_a_device_plugin_pod_using_it(r
             details=lambda: str(resource_health()),
         )
         print(f"Unhealthy after {time.monotonic() - started:.1f} s: {resource_health()}")
-    finally:
-        script.write_text(healthy)
     wait_until(
         lambda: resource_health().get("health") == "Healthy",
         "Healthy again in the device plugin pod's status",
