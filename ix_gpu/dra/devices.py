@@ -20,8 +20,8 @@ Either way the device plugin and the DRA driver agree on what a pod may own.
 and on from Kubernetes 1.36): each device of the form ``splitboard`` picks is published with
 ``allowMultipleAllocations`` and its memory split in N equal shares (``requestPolicy``: one share
 by default, whole shares up to the memory), so independent claims each take shares and the
-scheduler never gives out more than the device's memory. Boards are then not partitioned: a
-shared board consuming its chips' counters would be a second way to count the same memory. The
+scheduler never gives out more than the device's memory. Boards are then not partitioned: how
+the scheduler counts counters of a device allocated several times is not proven here. The
 share a claim got reaches its containers as an advisory variable (:mod:`ix_gpu.dra.prepare`);
 nothing enforces it. Pods can also share a GPU by sharing one ResourceClaim, on any cluster.
 
@@ -65,7 +65,6 @@ NUMA_NODE = "resource.kubernetes.io/numaNode"
 MAX_STRING = 64
 """A string or version attribute's limit in ``resource.k8s.io/v1``."""
 TAINT_EFFECT = "NoSchedule"
-ONE = {"value": "1"}
 
 # semver 2.0.0, as the apiserver checks a ``version`` attribute; a driver version that is not
 # one (``4.1.0.20240101``) is published as a string instead of being refused.
@@ -114,8 +113,12 @@ def dra_devices(
     (module doc)."""
     chips = list(chips)
     if shares > 1:
+        # At most one share per MiB: a device of unknown (0) memory is not shared.
         plain = dra_devices(chips, splitboard=splitboard)
-        return tuple(dataclasses.replace(device, shares=shares) for device in plain)
+        return tuple(
+            dataclasses.replace(device, shares=max(1, min(shares, device.physical.memory_mib)))
+            for device in plain
+        )
     board_size = collections.Counter(chip.board_id for chip in chips)
     out: list[DraDevice] = []
     for phys in physical_devices(chips, splitboard=not partitionable and splitboard):
@@ -176,7 +179,7 @@ def slice_device(device: DraDevice, vendor: Vendor, driver: str) -> dict[str, An
         entry["consumesCounters"] = [
             {
                 "counterSet": device.counter_set,
-                "counters": {_counter(chip): ONE for chip in device.physical.chips},
+                "counters": {_counter(chip): {"value": "1"} for chip in device.physical.chips},
             }
         ]
     if device.shares > 1:
@@ -205,7 +208,7 @@ def counter_sets(devices: Iterable[DraDevice]) -> list[dict[str, Any]]:
     for device in devices:
         if device.counter_set is not None:
             counters = sets.setdefault(device.counter_set, {"name": device.counter_set, "counters": {}})
-            counters["counters"].update({_counter(chip): ONE for chip in device.physical.chips})
+            counters["counters"].update({_counter(chip): {"value": "1"} for chip in device.physical.chips})
     return list(sets.values())
 
 

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 RESOURCE_SLICES = f"{RESOURCE_API}/resourceslices"
 MAX_COUNTER_SETS = 8
 """Counter sets one slice may hold (``ResourceSliceMaxCounterSets``)."""
+MAX_COUNTER_SLICES = 16
+"""Counter slices looked for, whatever a stored pool claims: 128 boards' sets, beyond any node. A
+``resourceSliceCount`` someone else wrote must not cost a GET per slice it names."""
 
 
 def slice_name(node: str, driver: str) -> str:
@@ -140,7 +143,7 @@ class SlicePublisher:
         spec = (stored or {}).get("spec") or {}
         pool = spec.get("pool") or {}
         stored_generation = int(pool.get("generation") or 0)
-        stored_count = int(pool.get("resourceSliceCount") or 1) if stored is not None else 1
+        stored_count = _count(pool.get("resourceSliceCount")) if stored is not None else 1
         # Counter slices that may exist: those the pool needs, those the stored pool names, those
         # this process wrote before a delete failed, and on the first publish one more (a plugin
         # stopped between shrinking the pool and deleting the rest).
@@ -214,6 +217,11 @@ class SlicePublisher:
                     raise
             log.info("deleted ResourceSlice %s: the pool has no counter sets for it", name)
         self._counter_slices = left
+
+
+def _count(value: Any) -> int:
+    """A stored pool's slice count, bounded (:data:`MAX_COUNTER_SLICES`); 1 when not a number."""
+    return min(value, 1 + MAX_COUNTER_SLICES) if isinstance(value, int) and value >= 1 else 1
 
 
 def _same(stored: Any, devices: list[dict[str, Any]]) -> bool:

@@ -15,10 +15,11 @@ import pytest
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
+from ix_gpu.dra.slices import MAX_COUNTER_SLICES, SlicePublisher
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, running, settings
-from tests.dra.fake_resource_api import FakeResourceApi
+from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,3 +186,19 @@ def test_counters_the_apiserver_drops_bring_the_plain_layout_said_once(
     said = [r.getMessage() for r in caplog.records if "shared counters" in r.getMessage()]
     assert len(said) == 1 and "DRAPartitionableDevices" in said[0], said
     assert fake.count("DELETE") == 1
+
+
+def test_a_stored_pool_claiming_a_huge_slice_count_costs_a_bounded_number_of_reads(
+    resource_api: tuple[FakeResourceApi, ApiServer],
+) -> None:
+    """Someone with write access stores ``resourceSliceCount: 10**9`` in this node's slice: the
+    plugin looks for at most MAX_COUNTER_SLICES counter slices, then rewrites the pool."""
+    fake, api = resource_api
+    chips = [_chip(0, "b0"), _chip(1, "b0")]
+    devices = dra_devices(chips, splitboard=True, partitionable=True)
+    forged = SlicePublisher(api, driver=DRIVER, node=NODE).body([], 7, count=10**9)
+    fake.slices[SLICE] = {**forged, "metadata": {**forged["metadata"], "resourceVersion": "1"}}
+    publisher = SlicePublisher(api, driver=DRIVER, node=NODE)
+    assert publisher.publish(slice_devices(devices, ILUVATAR, DRIVER), counter_sets(devices))
+    assert fake.count("GET", f"{RESOURCE}/resourceslices/{SLICE}-counters-") <= MAX_COUNTER_SLICES
+    assert fake.slices[SLICE]["spec"]["pool"] == {"name": NODE, "generation": 8, "resourceSliceCount": 2}

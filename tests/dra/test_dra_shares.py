@@ -135,3 +135,12 @@ def test_shares_the_apiserver_drops_make_each_device_exclusive_said_once(
 )
 def test_memory_quantities_as_the_scheduler_writes_them(quantity: str, mib: int | None) -> None:
     assert memory_mib(quantity) == mib
+
+
+def test_shares_never_go_below_one_mib_and_unknown_memory_is_not_shared() -> None:
+    small = [Chip("GPU-s", 0, 0, "b0", 0, "Iluvatar MR-V100", 3, 0), Chip("GPU-z", 1, 1, "b1", 0, "x", 0, 0)]
+    entries = slice_devices(dra_devices(small, splitboard=True, shares=1000), ILUVATAR, DRIVER)
+    assert entries[0]["capacity"]["memory"]["requestPolicy"]["default"] == "1Mi"  # 3 shares of 1 MiB
+    assert "allowMultipleAllocations" not in entries[1] and entries[1]["capacity"] == {
+        "memory": {"value": "0Mi"}
+    }
