@@ -9,7 +9,8 @@ offering nothing), so one endpoint per node covers the fleet and the figures are
 Reads are bounded so that a scrape never waits on the library:
 
 - each chip is read (one library call per figure) at most once per ``interval``, in a short thread
-  of its own; scrapes in between are served from that reading;
+  of its own; the agent asks every ``interval`` (its telemetry loop), so a reading is at most an
+  interval old whatever the scrape interval, and scrapes are served from it;
 - a scrape never waits for a read: it starts the reads that are due and answers with what it has;
 - a figure whose call fails is absent from that chip's reading (never 0); a chip whose last reading
   is older than two intervals (its call hangs in the library, or its read failed) is **stale**:

@@ -83,8 +83,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         default=10.0,
         metavar="SECONDS",
         help="per-chip figures on /metrics (utilization, memory, temperature, power, clocks, health bits) "
-        "are read at most this often, in a thread of their own; a scrape is answered from the last "
-        "read and never waits on the library (default 10; 0 disables)",
+        "are read this often, in a thread of their own, with the kubelet's PodResources; a scrape is "
+        "answered from the last read and never waits on the library (default 10; 0 disables)",
     )
     plugin.add_argument(
         "--pod-resources-socket",

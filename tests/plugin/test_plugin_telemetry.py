@@ -219,3 +219,51 @@ def test_the_plugin_serves_each_chips_figures_and_a_hung_chip_goes_stale_alone(
     # Chip 2 hangs: stale, and none of its figures shown.
     assert all(chip_series(samples, f.metric, f"{uuid}2") == {} for f in FIGURES)
     assert chip_series(samples, "ix_gpu_chip_telemetry_stale", f"{uuid}3") == {"": 0.0}
+
+
+def test_scrapes_three_intervals_apart_find_every_chip_fresh(short_tmp: Path, fake_devices: Path) -> None:
+    """A Prometheus scraping every 30 s with the chart's 10 s telemetry interval: the plugin reads
+    on its own clock, so each scrape, however far apart, shows every chip's figures and none stale
+    (read only when scraped, each scrape found the last reading older than two intervals)."""
+    text = fake_devices.read_text()
+    port = free_port()
+    (short_tmp / "dp").mkdir()
+    plugin = PluginProcess(
+        short_tmp,
+        short_tmp / "dp",
+        text.replace("health: 0\n", "health: 0\n" + TELEMETRY),
+        FAST_HEALTH,
+        short_tmp,
+        metrics_port=port,
+        node="gpu-node-1",
+        extra_args=("--telemetry-interval", "0.3"),
+    ).start()
+    uuid = "GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4e0"
+    chips = [f"{uuid}{n}" for n in range(text.count("- uuid: "))]
+    try:
+        wait_until(lambda: _serving(port), "/metrics answering", 20, details=plugin.log_tail)
+        seen = []
+        for _ in range(4):
+            time.sleep(1.0)  # more than three intervals since the last scrape
+            samples = scrape(port)[1]
+            seen.append(
+                [
+                    (
+                        chip_series(samples, "ix_gpu_chip_telemetry_stale", chip),
+                        chip_series(samples, "ix_gpu_chip_temperature_celsius", chip),
+                    )
+                    for chip in chips
+                ]
+            )
+    finally:
+        plugin.stop()
+    assert len(chips) >= 2
+    assert seen == [[({"": 0.0}, {"": 91.0})] * len(chips)] * 4, seen
+
+
+def _serving(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True

@@ -135,7 +135,7 @@ class PluginApp:
             settings.allocation.reader.on_error = self._api_error("node_read")
             if settings.allocation.slices is not None:
                 settings.allocation.slices.on_error = self._api_error("slice_list")
-        self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration", "attribution")}
+        self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration", "telemetry")}
         self._labels_warned = False
         self._cdi_error: str | None = None
         self.allocation_reason: str | None = None
@@ -415,11 +415,19 @@ class PluginApp:
         up = None if reader is None else reader.up
         return telemetry_lines(node, self.telemetry.collect(self._chips), holders, up)
 
-    async def _attribution_loop(self) -> None:
-        """The kubelet's PodResources, read once per telemetry interval (see :mod:`.pod_resources`)."""
-        assert self.pod_resources is not None and self.telemetry is not None
+    async def _telemetry_loop(self) -> None:
+        """Every telemetry interval: start the chips' reads that are due (each in a short thread of
+        its own, :mod:`ix_gpu.node.telemetry`) and read the kubelet's PodResources
+        (:mod:`.pod_resources`). On this clock, not on scrapes: a chip's figures are then at most an
+        interval old whatever the scrape interval, and "stale" means that the library did not
+        answer, never that nobody scraped for a while (a scrape every 30 s with reads due every
+        10 s would otherwise find every chip's last reading three intervals old)."""
+        assert self.telemetry is not None
         while not self.stop_event.is_set():
-            await self.pod_resources.read()
+            if self._chips:
+                self.telemetry.collect(self._chips)
+            if self.pod_resources is not None:
+                await self.pod_resources.read()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), self.telemetry.interval)
 
@@ -441,8 +449,6 @@ class PluginApp:
         await asyncio.to_thread(lambda: all(w.wait_synced(FIRST_ANSWER_WAIT) for w in watches))
         await self.check_once()
         self.ready.set()
-        if self.telemetry is not None and self._chips:
-            self.telemetry.collect(self._chips)  # a first reading before the first scrape
         http_server = None
         if self.settings.metrics_port is not None:
             from ix_gpu.runtime.agent_http import start_http_server
@@ -473,11 +479,11 @@ class PluginApp:
             name="health",
         )
         tasks = [registrar, health]
-        if self.pod_resources is not None:
-            attribution = supervise(
-                self._attribution_loop, self.loops["attribution"], self.stop_event, on_crash=crashed
+        if self.telemetry is not None:
+            telemetry = supervise(
+                self._telemetry_loop, self.loops["telemetry"], self.stop_event, on_crash=crashed
             )
-            tasks.append(asyncio.create_task(attribution, name="attribution"))
+            tasks.append(asyncio.create_task(telemetry, name="telemetry"))
         try:
             await self.stop_event.wait()
         finally:

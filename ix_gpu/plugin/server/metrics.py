@@ -23,7 +23,7 @@ from ix_gpu.runtime.text_metrics import (
 
 API_CALLS = ("node_read", "slice_list", "label_write")
 ALLOCATION_LABELS = (*LABELS, "namespace", "pod", "container", "claim")
-LOOPS = ("health", "registration", "attribution")
+LOOPS = ("health", "registration", "telemetry")
 
 
 class PluginMetrics:
