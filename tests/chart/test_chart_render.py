@@ -1151,6 +1151,9 @@ def test_service_monitor_scrapes_the_webhook_over_verified_tls_and_the_plugin(mo
     }
     assert secret  # the Deployment exists in every mode
     assert (plugin["port"], plugin["scheme"], plugin["path"]) == ("plugin-metrics", "http", "/metrics")
+    # Each holder's pod/namespace/container are the plugin's series' own, not the scraped pod's.
+    assert plugin["honorLabels"] is True and "honorLabels" not in webhook
+    assert plugin["relabelings"] == [{"action": "labeldrop", "regex": "pod|container"}]
     custom = render(
         merge(values, {"metrics": {"serviceMonitor": {"webhookTlsConfig": {"insecureSkipVerify": True}}}})
     )
