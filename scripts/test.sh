@@ -68,6 +68,7 @@ bg k8s-oldest env IX_K8S_VERSION=v1.35.4 bash tests/k8s/build.sh kube-apiserver
 bg helm bash tests/k8s/build-helm.sh                                          # helm v4.3.1
 bg kwok bash tests/k8s/build-go-command.sh kwok                               # kwok v0.8.0
 bg etcd bash tests/k8s/build-go-command.sh etcd                               # etcd v3.6.16
+bg prometheus bash tests/k8s/build-go-command.sh prometheus                   # Prometheus 3.16.0
 if [[ $EUID -eq 0 ]]; then
     # The real-node tier: Debian packages first (the images need buildah), then its images (the
     # base image and pip mostly wait on downloads while Go compiles).
@@ -93,6 +94,7 @@ finish k8s-oldest
 finish helm
 finish kwok
 finish etcd
+finish prometheus
 if [[ $EUID -eq 0 ]]; then finish images; fi
 
 step "pytest: the real-Kubernetes tier"

@@ -5,6 +5,7 @@
 #   bash tests/k8s/build-go-command.sh training-operator    # kubeflow training-operator v1.8.1 (TFJob controller)
 #   bash tests/k8s/build-go-command.sh kwok                 # sigs.k8s.io/kwok v0.8.0 (simulated nodes)
 #   bash tests/k8s/build-go-command.sh etcd                 # etcd v3.6.16 (the tier's etcd)
+#   bash tests/k8s/build-go-command.sh prometheus           # Prometheus 3.16.0 (module v0.316.0)
 #
 # Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/<name>-<version>-<scripthash>/bin/<name>; nothing is built
 # when it is there. Progress goes to stderr; the last stdout line is the bin directory. The two newest
@@ -17,6 +18,7 @@
 set -euo pipefail
 
 NAME="${1:-}"
+TAGS="" # go build -tags, where a command needs some
 case "$NAME" in
 helm)
     VERSION="${IX_HELM_VERSION:-v4.3.1}"
@@ -51,8 +53,21 @@ etcd)
     EXTRA_LDFLAGS=""
     SMOKE=(--version)
     ;;
+prometheus)
+    # The live Prometheus of the real-node tier. Debian's prometheus package is built without
+    # Kubernetes service discovery, which the tier's scrape needs. Prometheus' own build tags keep
+    # only that discovery (the others pull in every cloud's SDK). Module v0.3XX.Y is Prometheus 3.XX.Y.
+    VERSION="${IX_PROMETHEUS_VERSION:-v0.316.0}"
+    MODULE=github.com/prometheus/prometheus
+    PACKAGE=github.com/prometheus/prometheus/cmd/prometheus
+    MINOR="${VERSION#v0.}"
+    RELEASE="3.$((10#${MINOR%%.*} - 300)).${MINOR#*.}"
+    EXTRA_LDFLAGS="-X github.com/prometheus/common/version.Version=$RELEASE"
+    TAGS=remove_all_sd,enable_kubernetes_sd
+    SMOKE=(--version)
+    ;;
 *)
-    echo "usage: build-go-command.sh helm|training-operator|kwok|etcd" >&2
+    echo "usage: build-go-command.sh helm|training-operator|kwok|etcd|prometheus" >&2
     exit 2
     ;;
 esac
@@ -113,7 +128,7 @@ fi
 
 T=$SECONDS
 log "go build $PACKAGE -> $BIN/$NAME"
-$NICE "$GO" build -mod=mod -trimpath -ldflags "-s -w $EXTRA_LDFLAGS" -o "$BIN/$NAME.tmp" "$PACKAGE" >&2 ||
+$NICE "$GO" build -mod=mod -trimpath -tags "$TAGS" -ldflags "-s -w $EXTRA_LDFLAGS" -o "$BIN/$NAME.tmp" "$PACKAGE" >&2 ||
     die "go build failed (see the Go error above)"
 "$BIN/$NAME.tmp" "${SMOKE[@]}" >/dev/null 2>&1 || die "the built $NAME does not run ($NAME ${SMOKE[*]})"
 mv "$BIN/$NAME.tmp" "$BIN/$NAME"

@@ -83,6 +83,7 @@ CONTROLLERS = [
     "replicaset-controller",
     "daemonset-controller",
     "endpointslice-controller",
+    "endpoints-controller",  # v1 Endpoints: Prometheus' endpoints discovery (the Operator's default)
     "endpointslice-mirroring-controller",
     "pod-garbage-collector-controller",
     "resource-claim-controller",  # a DRA pod's ResourceClaim from its ResourceClaimTemplate

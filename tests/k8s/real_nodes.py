@@ -48,7 +48,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -321,6 +321,41 @@ def libixml_script(spec: RealNodeSpec) -> str:
             lines.append(f"{uuid} {minor} {board} {position} 0 32768 {0x8A + minor:x}")
             minor += 1
     return "\n".join(lines) + "\n"
+
+
+def edit_stub_chip(node: str, uuid: str, *, health: str | None = None, **figures: int) -> str:
+    """Change chip ``uuid``'s line in ``node``'s stub libixml devices file (which it re-reads on
+    every count): its health mask (hex) and telemetry words (``temp=95``, format in
+    tests/plugin/fake_ixml.c). Returns the file as it was."""
+    script = TIER_ROOT / node / "corex" / "fake-ixml-devices"
+    before = script.read_text()
+    lines = before.splitlines()
+    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid + " ")]
+    fields = lines[row].split()
+    if health is not None:
+        fields[4] = health
+    words = dict(w.split("=", 1) for w in fields[7:] if "=" in w)
+    words.update({key: str(value) for key, value in figures.items()})
+    fields = fields[:7] + [w for w in fields[7:] if "=" not in w] + [f"{k}={v}" for k, v in words.items()]
+    lines[row] = " ".join(fields)
+    script.write_text("\n".join(lines) + "\n")
+    return before
+
+
+@contextlib.contextmanager
+def stub_chip(node: str, uuid: str, *, health: str | None = None, **figures: int) -> Iterator[None]:
+    """:func:`edit_stub_chip` while inside; the file as it was on leaving."""
+    before = edit_stub_chip(node, uuid, health=health, **figures)
+    try:
+        yield
+    finally:
+        (TIER_ROOT / node / "corex" / "fake-ixml-devices").write_text(before)
+
+
+def stub_uuids(node: str) -> list[str]:
+    """The chips' UUIDs in ``node``'s stub devices file, by minor."""
+    script = (TIER_ROOT / node / "corex" / "fake-ixml-devices").read_text()
+    return [line.split()[0] for line in script.splitlines() if line.startswith("GPU-")]
 
 
 def write_node_files(spec: RealNodeSpec, pause_image: str) -> None:

@@ -7,7 +7,6 @@ evaluated on a chip shared by two pods."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,7 @@ import yaml
 
 from tests.chart.rendering import find, render
 from tests.k8s.conftest import _tier_requested
-from tests.k8s.prometheus_tools import promtool
-from tests.support.paths import ROOT
+from tests.k8s.prometheus_tools import dashboard_queries, promtool
 
 CHIP = 'node="gpu-a",uuid="GPU-1",index="1",board="board0",product="Iluvatar BI-V150"'
 CHIP_LABELS = {
@@ -274,22 +272,6 @@ def test_every_alert_fires_after_its_for_and_not_below_its_threshold(rules_dir: 
     assert covered == {r["alert"] for g in rendered["groups"] for r in g["rules"]}
     result = run_promtool("test", "rules", "tests.yml", cwd=rules_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-
-
-DASHBOARD = ROOT / "charts" / "ix-gpu" / "dashboards" / "ix-gpu.json"
-GRAFANA_ALL = {"$node": ".*", "$namespace": ".*", "$__rate_interval": "5m"}
-
-
-def dashboard_queries() -> dict[str, str]:
-    """Each panel's queries by ``<panel title> <refId>``, Grafana's variables filled as for "All"."""
-    out = {}
-    for panel in json.loads(DASHBOARD.read_text())["panels"]:
-        for target in panel.get("targets", []):
-            expr = target["expr"]
-            for variable, value in GRAFANA_ALL.items():
-                expr = expr.replace(variable, value)
-            out[f"{panel['title']} {target['refId']}"] = expr
-    return out
 
 
 def test_every_dashboard_query_parses_and_a_shared_chip_shows_on_each_pod(

@@ -18,8 +18,10 @@ import contextlib
 import json
 import secrets
 import ssl
+import subprocess
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,23 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.chart.rendering import find, merge, render
 from tests.k8s import training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
+from tests.k8s.live_prometheus import LivePrometheus, scrape_jobs, start_prometheus
 from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
-from tests.k8s.real_nodes import DRIVER_ROOT, REAL_NODES, TIER_ROOT, Images, RealNodeSpec
+from tests.k8s.prometheus_tools import dashboard_queries, promtool
+from tests.k8s.real_nodes import (
+    DRIVER_ROOT,
+    REAL_NODES,
+    TIER_ROOT,
+    Images,
+    RealNodeSpec,
+    edit_stub_chip,
+    stub_chip,
+    stub_uuids,
+)
 from tests.k8s.real_release import (
     APP_LIBRARY_PATH,
     Release,
@@ -43,6 +57,7 @@ from tests.k8s.real_release import (
     library_pod,
     open_release,
 )
+from tests.k8s.real_release import NAMESPACE as RELEASE_NAMESPACE
 from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
@@ -71,6 +86,8 @@ def dra_values(images: Images) -> dict[str, Any]:
     }
     # CDI for the device plugin too, so a node relabelled for it serves pods through CDI.
     values["plugin"]["deviceListStrategy"] = "cdi"
+    # Each chip's holders read every second (for ix-gpu status and the live Prometheus below).
+    values["plugin"]["telemetryInterval"] = 1
     return values
 
 
@@ -744,22 +761,10 @@ def test_the_plugin_restarted_between_prepare_and_unprepare_still_cleans_up(rele
     wait_until(lambda: uid not in checkpoint.read_text(), "the claim gone from the checkpoint", 30)
 
 
-@contextlib.contextmanager
-def overheated(node: str, uuid: str) -> Iterator[None]:
-    """Chip ``uuid`` of ``node`` over temperature (health 0x4) in the stub libixml's devices file,
-    which it reads on every count; healthy again on leaving."""
-    script = TIER_ROOT / node / "corex" / "fake-ixml-devices"
-    healthy = script.read_text()
-    lines = healthy.splitlines()
-    (row,) = [i for i, line in enumerate(lines) if line.startswith(uuid)]
-    fields = lines[row].split()
-    fields[4] = "4"
-    lines[row] = " ".join(fields)
-    script.write_text("\n".join(lines) + "\n")
-    try:
-        yield
-    finally:
-        script.write_text(healthy)
+def overheated(node: str, uuid: str) -> contextlib.AbstractContextManager[None]:
+    """Chip ``uuid`` of ``node`` over temperature (health 0x4) in the stub libixml's devices file;
+    healthy again on leaving."""
+    return stub_chip(node, uuid, health="4")
 
 
 def test_an_unhealthy_chip_is_tainted_in_the_slice_and_no_new_claim_gets_it(release: Release) -> None:
@@ -1060,9 +1065,13 @@ def test_ix_gpu_status_shows_the_mixed_cluster_and_who_holds_each_chip(release: 
             for name, node in nodes.items()
         }
 
-    # The plugins read the kubelet's PodResources with their telemetry (every 10 s).
+    # The plugins read the kubelet's PodResources with their telemetry (every second here); gpu-a's
+    # allocatable is whole again once its kubelet has the chip the test above healed.
     wait_until(
-        lambda: all(holders(status()).values()), "both pods named as holders of their chips", 60, interval=2
+        lambda: (lambda nodes: all(holders(nodes).values()) and nodes["gpu-a"]["total"] == 4)(status()),
+        "both pods named as holders of their chips, gpu-a's 4 chips counted",
+        60,
+        interval=2,
     )
     nodes = status()
     assert (nodes["gpu-a"]["allocator"], nodes["gpu-a"]["total"]) == ("device-plugin", 4)
@@ -1079,6 +1088,323 @@ def test_ix_gpu_status_shows_the_mixed_cluster_and_who_holds_each_chip(release: 
     print(f"\n{text.stdout}")
     assert text.returncode == 0 and f"{namespace}/dp" in text.stdout and f"{namespace}/dra" in text.stdout
     request_ok(api, "DELETE", ns)
+
+
+# --------------------------------------------------------------------------- a live Prometheus
+
+PROMETHEUS_VALUES: dict[str, Any] = {
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "interval": "2s"},
+        "prometheusRule": {
+            "enabled": True,
+            **{key: "2s" for key in ("chipUnhealthyFor", "chipTemperatureFor", "chipMemoryFor")},
+        },
+        "dashboard": {"enabled": True},
+    }
+}
+"""What the chart renders for a Prometheus beside the release: its ServiceMonitor (scraped every
+2 s), its PrometheusRule (the chip alerts after 2 s instead of minutes) and its dashboard."""
+CHIP_MIB = 32768
+
+
+def baseline_figures(index: int) -> dict[str, int]:
+    """The stub's telemetry for the chip of minor ``index``: distinct per chip, nothing alarming."""
+    return {
+        "util": 10 + index,
+        "memutil": 5,
+        "used": 1024 * (index + 1),
+        "temp": 50 + index,
+        "power": 100_000 + index * 1000,
+        "sm": 1000,
+        "memclk": 1600,
+    }
+
+
+@pytest.fixture(scope="module")
+def rendered_for_prometheus(release: Release) -> list[dict[str, Any]]:
+    return render(merge(release.values, PROMETHEUS_VALUES), release=RELEASE, namespace=RELEASE_NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    release: Release,
+    rendered_for_prometheus: list[dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+    k8s_log_dir: Path,
+) -> Iterator[LivePrometheus]:
+    """Prometheus scraping the chart's ServiceMonitor's targets (:mod:`tests.k8s.live_prometheus`)
+    and evaluating its PrometheusRule, once every chip of the stub reports telemetry."""
+    for node in NODES:
+        for index, uuid in enumerate(stub_uuids(node)):
+            edit_stub_chip(node, uuid, **baseline_figures(index))
+    work = tmp_path_factory.mktemp("prometheus")
+    monitor = find(rendered_for_prometheus, "ServiceMonitor")
+    rules = find(rendered_for_prometheus, "PrometheusRule")["spec"]["groups"]
+    live = start_prometheus(
+        scrape_jobs(monitor, release.api, work), rules, work, k8s_log_dir / "real-nodes-dra"
+    )
+    yield live
+    live.stop()
+
+
+def test_a_live_prometheus_finds_every_agent_through_the_service_monitor_and_reads_the_stubs_figures(
+    release: Release, prometheus: LivePrometheus
+) -> None:
+    """Discovery through the apiserver finds every pod behind the chart's metrics Service (the
+    device plugin on both nodes, ``ix-gpu dra`` on gpu-b, each webhook replica over verified
+    HTTPS), all up; every chip's figures are the stub's, in the documented units, labelled node,
+    uuid, index, board and product and with no pod; and ``promtool check metrics`` passes on what
+    each agent serves."""
+    ports = {"device-plugin": ("plugin-metrics", 9401), "dra-plugin": ("dra-metrics", 9402)}
+    ports["webhook"] = ("webhook-metrics", 8443)
+    expected = {
+        (endpoint, f"{pod['status']['podIP']}:{port}")
+        for component, (endpoint, port) in ports.items()
+        for pod in release.pods(component)
+    }
+    # The device plugin on both nodes, ix-gpu dra on gpu-b alone (gpu-a was relabelled), the webhook.
+    assert sorted(Counter(e[0] for e in expected).items()) == [
+        ("dra-metrics", 1),
+        ("plugin-metrics", 2),
+        ("webhook-metrics", len(release.pods("webhook"))),
+    ]
+
+    def up() -> set[tuple[str, str]] | None:
+        found = {
+            (t["labels"]["endpoint"], t["labels"]["instance"])
+            for t in prometheus.targets()
+            if t["health"] == "up"
+        }
+        return found if found == expected else None
+
+    wait_until(
+        up,
+        "every agent's target up",
+        60,
+        interval=1,
+        details=lambda: json.dumps(prometheus.targets())[-3000:],
+    )
+
+    def chips(node: str, metric: str) -> dict[str, dict[str, Any]]:
+        return {s["labels"]["uuid"]: s for s in prometheus.query(f'{metric}{{node="{node}"}}')}
+
+    for node in NODES:
+        uuids = stub_uuids(node)
+        wait_until(
+            lambda node=node, uuids=uuids: set(chips(node, "ix_gpu_chip_sm_clock_hertz")) == set(uuids),
+            f"{node}'s chips' figures",
+            30,
+        )
+        for index, uuid in enumerate(uuids):
+            figures = baseline_figures(index)
+            expected_values = {
+                "ix_gpu_chip_utilization_percent": figures["util"],
+                "ix_gpu_chip_memory_utilization_percent": figures["memutil"],
+                "ix_gpu_chip_memory_used_bytes": figures["used"] * 2**20,
+                "ix_gpu_chip_memory_total_bytes": CHIP_MIB * 2**20,
+                "ix_gpu_chip_temperature_celsius": figures["temp"],
+                "ix_gpu_chip_power_watts": figures["power"] / 1000,
+                "ix_gpu_chip_sm_clock_hertz": figures["sm"] * 1e6,
+                "ix_gpu_chip_memory_clock_hertz": figures["memclk"] * 1e6,
+                "ix_gpu_chip_telemetry_stale": 0,
+            }
+            for metric, value in expected_values.items():
+                series = chips(node, metric)[uuid]
+                assert series["value"] == pytest.approx(value), (node, uuid, metric, series)
+                labels = series["labels"]
+                assert (labels["index"], labels["product"]) == (str(index), NODES[node].product)
+                assert "board" in labels and "pod" not in labels and "container" not in labels, labels
+    for component, port in (("device-plugin", 9401), ("dra-plugin", 9402)):
+        for pod in release.pods(component):
+            with urllib.request.urlopen(
+                f"http://{pod['status']['podIP']}:{port}/metrics", timeout=5
+            ) as answer:
+                exposition = answer.read()
+            checked = subprocess.run(
+                [str(promtool()), "check", "metrics"], input=exposition, capture_output=True, timeout=60
+            )
+            assert checked.returncode == 0, (pod["metadata"]["name"], checked.stdout, checked.stderr)
+
+
+def sleeping_claim_pod(name: str, image: str, template: str) -> dict[str, Any]:
+    pod = claim_pod(name, image, template=template)
+    pod["spec"]["containers"][0]["command"] = ["sleep", "3600"]
+    return pod
+
+
+def test_prometheus_shows_each_pod_on_its_chip_on_all_three_paths_and_forgets_them_when_they_end(
+    release: Release, prometheus: LivePrometheus
+) -> None:
+    """gpu-a is the device plugin's, gpu-b DRA's with its chips in 8 GiB shares. A device-plugin
+    pod on gpu-a, a DRA pod on gpu-b's chip 0, and two pods each with its own 8 GiB claim on gpu-b's
+    chip 1 each appear in ``ix_gpu_chip_allocation`` with their own pod, namespace and container
+    (the DRA ones with their claim) on the chip the kubelet gave them. The shared chip's figures
+    stay one series, with no pod, and the dashboard's per-pod join shows both sharers. When the
+    pods are deleted, their series go before the pods are gone from the API."""
+    api = release.api
+    namespace = f"prom-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    plugin_pod = image_pod("dp", release.image, ["sleep", "3600"], gpus=1)
+    plugin_pod["spec"]["nodeName"] = "gpu-a"
+    request_ok(api, "POST", f"{ns}/pods", plugin_pod)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    chip0, chip1 = stub_uuids("gpu-b")
+    for name, uuid in (("chip", chip0), ("share", chip1)):
+        template = claim_template(name, f'device.attributes["{DRIVER}"].uuid == "{uuid}"')
+        if name == "share":  # "chip" takes the default share, the same 8 GiB
+            template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {
+                "requests": {"memory": "8Gi"}
+            }
+        request_ok(api, "POST", templates, template)
+    request_ok(api, "POST", f"{ns}/pods", sleeping_claim_pod("dra", release.image, "chip"))
+    for name in ("share-1", "share-2"):
+        request_ok(api, "POST", f"{ns}/pods", sleeping_claim_pod(name, release.image, "share"))
+    pods = {
+        name: wait_running(api, namespace, name, timeout=120) for name in ("dp", "dra", "share-1", "share-2")
+    }
+
+    def kubelet_chip(pod: dict[str, Any]) -> str:
+        """The chip the kubelet gave the device-plugin pod (its allocatedResourcesStatus)."""
+        found = get_pod(api, namespace, pod["metadata"]["name"]) or {}
+        for status in found.get("status", {}).get("containerStatuses", []):
+            for entry in status.get("allocatedResourcesStatus") or []:
+                if entry["name"] == RESOURCE and entry.get("resources"):
+                    return str(entry["resources"][0]["resourceID"])
+        return ""
+
+    dp_chip = wait_until(lambda: kubelet_chip(pods["dp"]), "the device-plugin pod's chip in its status", 60)
+    expected = {("dp", "gpu-a", dp_chip, "")}
+    for name, uuid in (("dra", chip0), ("share-1", chip1), ("share-2", chip1)):
+        (status,) = pods[name]["status"]["resourceClaimStatuses"]
+        expected.add((name, "gpu-b", uuid, f"{namespace}/{status['resourceClaimName']}"))
+    query = f'ix_gpu_chip_allocation{{namespace="{namespace}"}}'
+
+    def held() -> set[tuple[str, str, str, str]]:
+        return {
+            (s["labels"]["pod"], s["labels"]["node"], s["labels"]["uuid"], s["labels"].get("claim", ""))
+            for s in prometheus.query(query)
+            if s["labels"].get("container") == "main"
+        }
+
+    wait_until(
+        lambda: held() == expected,
+        "each pod on its chip in Prometheus",
+        60,
+        interval=1,
+        details=lambda: str(held()),
+    )
+    print(f"\nin Prometheus: {sorted(held())}")
+    (series,) = prometheus.query(f'ix_gpu_chip_utilization_percent{{uuid="{chip1}"}}')
+    assert "pod" not in series["labels"], series
+    join = "ix_gpu_chip_utilization_percent * on (node, uuid) group_right ix_gpu_chip_allocation"
+    joined = prometheus.query(f'{join}{{namespace="{namespace}",uuid="{chip1}"}}')
+    assert sorted((s["labels"]["pod"], s["value"]) for s in joined) == [
+        ("share-1", series["value"]),
+        ("share-2", series["value"]),
+    ], joined
+    deleted = time.monotonic()
+    for name in pods:
+        request_ok(api, "DELETE", f"{ns}/pods/{name}")
+    wait_until(lambda: not prometheus.query(query), "the pods' series gone", 120, interval=0.2)
+    series_gone = time.monotonic() - deleted
+    wait_until(lambda: not request_ok(api, "GET", f"{ns}/pods")["items"], "the pods gone from the API", 120)
+    print(
+        f"after the deletes: series gone in {series_gone:.1f} s, the pods gone from the API in "
+        f"{time.monotonic() - deleted:.1f} s (scrape every {prometheus.interval_s:g} s, telemetry every 1 s)"
+    )
+    # The kubelet lists a pod in PodResources until its containers have stopped, and the API object
+    # goes after that: the series are gone by the time the pods are.
+    request_ok(api, "DELETE", ns)
+
+
+def wait_whole(release: Release, node: str, chips: int) -> None:
+    """Until ``node``'s kubelet offers all its ``chips`` again (a chip the stub broke, healed)."""
+
+    def allocatable() -> str:
+        status = request_ok(release.api, "GET", f"/api/v1/nodes/{node}")["status"]
+        return str(status["allocatable"].get(RESOURCE, "0"))
+
+    wait_until(
+        lambda: allocatable() == str(chips), f"{node} offering its {chips} chips again", 90, interval=1
+    )
+
+
+ALERTS: dict[str, dict[str, Any]] = {
+    "IxGpuChipTemperatureHigh": {"temp": 95},
+    "IxGpuChipUnhealthy": {"health": "4"},
+    "IxGpuChipMemoryNearlyFull": {"used": CHIP_MIB - 512},
+}
+"""Each chip alert and what the stub does to one chip of gpu-a to fire it."""
+
+
+def test_the_charts_chip_alerts_fire_in_prometheus_for_the_chip_the_stub_breaks_and_resolve(
+    release: Release, prometheus: LivePrometheus
+) -> None:
+    """The chart's PrometheusRule, evaluated by the live Prometheus: one chip of gpu-a turns hot,
+    another unhealthy (over temperature), a third nearly full. Each alert fires for its chip alone,
+    the unhealthy one naming the decoded problem; back to normal, every one resolves."""
+    uuids = stub_uuids("gpu-a")
+    chip_alerts = set(ALERTS)
+
+    def firing() -> set[tuple[str, str, str]]:
+        return {
+            (a["labels"]["alertname"], a["labels"]["uuid"], a["labels"].get("problem", ""))
+            for a in prometheus.alerts()
+            if a["labels"]["alertname"] in chip_alerts and a["state"] == "firing"
+        }
+
+    assert not firing(), firing()
+    expected = {
+        ("IxGpuChipTemperatureHigh", uuids[0], ""),
+        ("IxGpuChipUnhealthy", uuids[1], "over temperature"),
+        ("IxGpuChipMemoryNearlyFull", uuids[2], ""),
+    }
+    started = time.monotonic()
+    with contextlib.ExitStack() as broken:
+        for uuid, change in zip(uuids, ALERTS.values(), strict=False):
+            broken.enter_context(stub_chip("gpu-a", uuid, **change))
+        wait_until(
+            lambda: firing() == expected,
+            "the three chip alerts firing",
+            60,
+            interval=0.5,
+            details=lambda: str(firing()),
+        )
+        print(f"\nfiring after {time.monotonic() - started:.1f} s: {sorted(firing())}")
+    started = time.monotonic()
+    wait_until(
+        lambda: not firing(), "every chip alert resolved", 60, interval=0.5, details=lambda: str(firing())
+    )
+    print(f"resolved after {time.monotonic() - started:.1f} s")
+    wait_whole(release, "gpu-a", 4)
+
+
+def test_every_dashboard_panel_query_returns_a_series_from_the_live_prometheus(
+    release: Release, rendered_for_prometheus: list[dict[str, Any]], prometheus: LivePrometheus
+) -> None:
+    """Each query of the dashboard the chart renders (Grafana's variables as for "All") answers at
+    least one series from what the agents and the webhook serve, with something for each panel to
+    show: a pod holding a chip of gpu-a, and another chip of it with an ECC error."""
+    configmap = find(rendered_for_prometheus, "ConfigMap", f"{RELEASE}-ix-gpu-dashboard")
+    queries = dashboard_queries(json.loads(configmap["data"]["ix-gpu.json"]))
+    assert len(queries) >= 20, queries
+    api = release.api
+    namespace = f"dashboard-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    pod = image_pod("dp", release.image, ["sleep", "3600"], gpus=1)
+    pod["spec"]["nodeName"] = "gpu-a"
+    request_ok(api, "POST", f"{ns}/pods", pod)
+    wait_running(api, namespace, "dp", timeout=120)
+
+    def empty() -> list[str]:
+        return [title for title, expr in queries.items() if not prometheus.query(expr)]
+
+    with stub_chip("gpu-a", stub_uuids("gpu-a")[3], health="10"):
+        wait_until(
+            lambda: not empty(), "every panel's query answered", 60, interval=1, details=lambda: str(empty())
+        )
+    request_ok(api, "DELETE", ns)
+    wait_whole(release, "gpu-a", 4)
 
 
 def plugin_metric(pod: dict[str, Any], name: str) -> float:
