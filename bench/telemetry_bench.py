@@ -39,7 +39,8 @@ from bench.plugin_bench import cpu_seconds, devices_yaml, rss_mib  # noqa: E402
 
 TELEMETRY = (
     "        telemetry: {utilization: 37, memoryUtilization: 12, memoryUsedMiB: 2048, temperature: 61,"
-    " powerWatts: 155.5, smClockMHz: 1500, memoryClockMHz: 1200}\n"
+    " powerWatts: 155.5, smClockMHz: 1500, memoryClockMHz: 1200, eccCorrectedErrors: 3,"
+    " eccUncorrectedErrors: 0}\n"
 )
 
 

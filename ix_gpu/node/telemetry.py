@@ -1,5 +1,6 @@
-"""What each chip is doing (utilization, memory, temperature, power, clocks, health bits), read
-through the backend that already holds the management library, for the node agent's ``/metrics``.
+"""What each chip is doing (utilization, memory, temperature, power, clocks, ECC error counts,
+health bits), read through the backend that already holds the management library, for the node
+agent's ``/metrics``.
 
 Why the node agent and not a separate exporter: the device plugin already has libixml (or NVML)
 loaded on every GPU node, so the figures cost no second process and no second copy of the library.
@@ -33,13 +34,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Figure:
-    """One per-chip figure: its key in a reading, its metric, and what other exporters call it."""
+    """One per-chip figure: its key in a reading, its metric, and what other exporters call it.
+    ``kind``: the Prometheus type; a count the library keeps (ECC errors) is a counter, so that
+    ``increase()`` and ``rate()`` read it right across a driver reload's reset."""
 
     key: str
     metric: str
     help: str
     ix_exporter: str
     dcgm: str
+    kind: str = "gauge"
 
 
 FIGURES: tuple[Figure, ...] = (
@@ -67,6 +71,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure("memory_clock_hertz", "ix_gpu_chip_memory_clock_hertz",
            "Memory clock, hertz (nvmlDeviceGetClockInfo MEM, which reports MHz).",
            "ix_mem_clock (MHz)", "DCGM_FI_DEV_MEM_CLOCK (MHz)"),
+    Figure("ecc_corrected_errors", "ix_gpu_chip_ecc_corrected_errors_total",
+           "Single-bit (corrected) ECC errors the library has counted "
+           "(ixmlDeviceGetEccErros single; nvmlDeviceGetTotalEccErrors corrected, volatile).",
+           "ix_ecc_sbe_vol_status", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", kind="counter"),
+    Figure("ecc_uncorrected_errors", "ix_gpu_chip_ecc_uncorrected_errors_total",
+           "Double-bit (uncorrected) ECC errors the library has counted "
+           "(ixmlDeviceGetEccErros double; nvmlDeviceGetTotalEccErrors uncorrected, volatile).",
+           "ix_ecc_dbe_vol_status", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", kind="counter"),
 )  # fmt: skip
 HEALTH_MASK = "health_mask"
 """A reading's ixmlDeviceGetHealth bitmask, exported decoded as ``ix_gpu_chip_health_problem``."""

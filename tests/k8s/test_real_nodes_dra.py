@@ -1117,6 +1117,8 @@ def baseline_figures(index: int) -> dict[str, int]:
         "power": 100_000 + index * 1000,
         "sm": 1000,
         "memclk": 1600,
+        "sbe": 3 * index,
+        "dbe": 0,
     }
 
 
@@ -1206,6 +1208,8 @@ def test_a_live_prometheus_finds_every_agent_through_the_service_monitor_and_rea
                 "ix_gpu_chip_power_watts": figures["power"] / 1000,
                 "ix_gpu_chip_sm_clock_hertz": figures["sm"] * 1e6,
                 "ix_gpu_chip_memory_clock_hertz": figures["memclk"] * 1e6,
+                "ix_gpu_chip_ecc_corrected_errors_total": figures["sbe"],
+                "ix_gpu_chip_ecc_uncorrected_errors_total": figures["dbe"],
                 "ix_gpu_chip_telemetry_stale": 0,
             }
             for metric, value in expected_values.items():

@@ -1,5 +1,6 @@
 /* A stand-in for Iluvatar's libixml.so, for tests: the same exported symbols and calling
- * conventions (NVML names plus ixmlDeviceGetBoardPosition / ixmlDeviceGetHealth), serving devices
+ * conventions (NVML names plus ixmlDeviceGetBoardPosition / ixmlDeviceGetHealth /
+ * ixmlDeviceGetEccErros), serving devices
  * scripted in the text file named by $FAKE_IXML_SCRIPT, re-read on every nvmlDeviceGetCount_v2.
  * Without that variable the script is the file "fake-ixml-devices" in the directory above the
  * library's own (<driver root>/fake-ixml-devices for <driver root>/lib64/libixml.so), so a process
@@ -10,7 +11,8 @@
  *                name <product>  -- the product name every chip reports (default Iluvatar BI-V150)
  * Words: "lost" makes every query of that chip fail with NVML_ERROR_GPU_IS_LOST (15); telemetry
  * as key=value: util=<gpu %> memutil=<memory %> used=<MiB> temp=<C> power=<mW> sm=<MHz>
- * memclk=<MHz>. A telemetry call whose value the line does not give fails with
+ * memclk=<MHz> sbe=<single-bit ECC errors> dbe=<double-bit ECC errors> (both or neither). A
+ * telemetry call whose value the line does not give fails with
  * NVML_ERROR_NOT_SUPPORTED (3).
  */
 #define _GNU_SOURCE
@@ -29,8 +31,8 @@ typedef struct {
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 
-enum { UTIL, MEMUTIL, USED, TEMP, POWER, SM, MEMCLK, NFIGURES };
-static const char *figure_keys[NFIGURES] = {"util", "memutil", "used", "temp", "power", "sm", "memclk"};
+enum { UTIL, MEMUTIL, USED, TEMP, POWER, SM, MEMCLK, SBE, DBE, NFIGURES };
+static const char *figure_keys[NFIGURES] = {"util", "memutil", "used", "temp", "power", "sm", "memclk", "sbe", "dbe"};
 
 typedef struct {
     char uuid[80];
@@ -178,4 +180,9 @@ nvmlReturn_t ixmlDeviceGetBoardPosition(void *h, unsigned int *position) {
 }
 nvmlReturn_t ixmlDeviceGetHealth(void *h, unsigned long long *health) {
     CHECK(h); *health = DEV(h)->health; return 0;
+}
+nvmlReturn_t ixmlDeviceGetEccErros(void *h, unsigned int *single_error, unsigned int *double_error) {
+    CHECK(h);
+    if (!DEV(h)->has[SBE] || !DEV(h)->has[DBE]) return 3;
+    *single_error = DEV(h)->value[SBE]; *double_error = DEV(h)->value[DBE]; return 0;
 }

@@ -100,7 +100,7 @@ def test_ixml_health_bits_lost_chip_and_library_failure(ixml_env: Path) -> None:
 def test_ixml_telemetry_one_call_per_figure_and_what_fails_is_absent(ixml_env: Path) -> None:
     """Through the real ctypes binding: power from milliwatts to watts, clocks from MHz to hertz,
     memory from bytes; a call the stub answers NOT_SUPPORTED leaves its figure out (never 0)."""
-    figures = " util=37 memutil=12 used=2048 temp=91 power=155500 sm=1500 memclk=1200"
+    figures = " util=37 memutil=12 used=2048 temp=91 power=155500 sm=1500 memclk=1200 sbe=5 dbe=1"
     ixml_env.write_text(SCRIPT.replace("GPU-ix-1 1 0 1 0 32768 8b", "GPU-ix-1 1 0 1 4 32768 8b" + figures))
     backend = make_backend("ixml", root=ixml_env.parent / "root")
     chips = {c.uuid: c for c in backend.chips()}
@@ -113,6 +113,8 @@ def test_ixml_telemetry_one_call_per_figure_and_what_fails_is_absent(ixml_env: P
         "power_watts": 155.5,
         "sm_clock_hertz": 1.5e9,
         "memory_clock_hertz": 1.2e9,
+        "ecc_corrected_errors": 5.0,
+        "ecc_uncorrected_errors": 1.0,
         "health_mask": 4.0,
     }
     # Nothing but what every chip answers: memory (used 0 is a reading) and the health mask.
@@ -151,6 +153,10 @@ class TelemetryNvml:
     def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         return {1: 1980, 2: 2619}[clock]
 
+    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter_type: int) -> int:
+        assert counter_type == 0  # volatile: since the driver loaded, as DCGM's *_VOL_TOTAL
+        return {0: 7, 1: 0}[error_type]  # corrected, uncorrected
+
 
 def test_nvml_telemetry_converts_units_and_leaves_out_what_fails() -> None:
     from ix_gpu.node.backends.base import Chip
@@ -167,6 +173,8 @@ def test_nvml_telemetry_converts_units_and_leaves_out_what_fails() -> None:
         "power_watts": 512.0,
         "sm_clock_hertz": 1.98e9,
         "memory_clock_hertz": 2.619e9,
+        "ecc_corrected_errors": 7.0,
+        "ecc_uncorrected_errors": 0.0,
     }
 
 

@@ -4,6 +4,7 @@ own text parser (prometheus_client's), a hung chip going stale alone while the e
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import urllib.request
@@ -17,6 +18,7 @@ from ix_gpu.node.backends.base import Chip
 from ix_gpu.node.telemetry import FIGURES, Telemetry
 from tests.plugin.plugin_testkit import FAST_HEALTH
 from tests.support.net import free_port
+from tests.support.paths import ROOT
 from tests.support.plugin_process import PluginProcess
 from tests.support.waiting import wait_until
 
@@ -119,9 +121,14 @@ def test_a_failing_read_leaves_the_chip_stale_and_the_others_fresh() -> None:
 
 TELEMETRY = (
     "        telemetry: {utilization: 37, memoryUtilization: 12, memoryUsedMiB: 2048, temperature: 91,"
-    " powerWatts: 155.5, smClockMHz: 1500, memoryClockMHz: 1200}\n"
+    " powerWatts: 155.5, smClockMHz: 1500, memoryClockMHz: 1200, eccCorrectedErrors: 3,"
+    " eccUncorrectedErrors: 0}\n"
 )
 LABELS = ("node", "uuid", "index", "board", "product")
+
+
+TYPES: dict[str, str] = {}
+"""Each family's type as the last :func:`scrape` parsed it, by the name its samples carry."""
 
 
 def scrape(port: int) -> tuple[float, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
@@ -133,6 +140,7 @@ def scrape(port: int) -> tuple[float, dict[tuple[str, tuple[tuple[str, str], ...
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            TYPES[sample.name] = family.type
     return took, samples
 
 
@@ -201,6 +209,12 @@ def test_the_plugin_serves_each_chips_figures_and_a_hung_chip_goes_stale_alone(
         "ix_gpu_chip_power_watts": {"": 155.5},
         "ix_gpu_chip_sm_clock_hertz": {"": 1.5e9},
         "ix_gpu_chip_memory_clock_hertz": {"": 1.2e9},
+        "ix_gpu_chip_ecc_corrected_errors_total": {"": 3.0},
+        "ix_gpu_chip_ecc_uncorrected_errors_total": {"": 0.0},  # a count of 0 is a reading
+    }
+    # The library's counts are counters (increase() reads them across a reset), the rest gauges.
+    assert {f.metric: TYPES[f.metric] for f in FIGURES} == {
+        f.metric: "counter" if f.metric.endswith("_errors_total") else "gauge" for f in FIGURES
     }
     problems = chip_series(samples, "ix_gpu_chip_health_problem", f"{uuid}0")
     assert problems["over temperature"] == 1.0 and sum(problems.values()) == 1.0, problems
@@ -267,3 +281,19 @@ def _serving(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_the_readmes_metrics_table_names_every_figure_and_its_ix_exporter_and_dcgm_names() -> None:
+    """The table users port their dashboards from: a row per figure, with the names the figure
+    itself carries (so a new figure, or a renamed one, cannot leave the README behind)."""
+    rows = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("| `ix_gpu_chip_")
+    }
+    for figure in FIGURES:
+        row = rows.get(figure.metric)
+        assert row is not None, f"README has no row for {figure.metric}"
+        for names in (figure.ix_exporter, figure.dcgm):  # e.g. "A + B (MiB)": A and B
+            for name in re.findall(r"[A-Za-z]\w*_\w+", names):
+                assert f"`{name}`" in row, (figure.metric, name)

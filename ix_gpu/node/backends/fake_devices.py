@@ -26,6 +26,8 @@ class FakeTelemetry(StrictModel):
     power_watts: float | None = Field(default=None, ge=0)
     sm_clock_mhz: float | None = Field(default=None, ge=0, alias="smClockMHz")
     memory_clock_mhz: float | None = Field(default=None, ge=0, alias="memoryClockMHz")
+    ecc_corrected_errors: int | None = Field(default=None, ge=0)
+    ecc_uncorrected_errors: int | None = Field(default=None, ge=0)
     hang_seconds: float = Field(default=0, ge=0, le=3600)
     """A read of this chip blocks this long first, as a wedged library call does."""
 
@@ -81,6 +83,8 @@ class FakeDevices(StrictModel):
                     "power_watts": t.power_watts,
                     "sm_clock_hertz": None if t.sm_clock_mhz is None else t.sm_clock_mhz * 1e6,
                     "memory_clock_hertz": None if t.memory_clock_mhz is None else t.memory_clock_mhz * 1e6,
+                    "ecc_corrected_errors": t.ecc_corrected_errors,
+                    "ecc_uncorrected_errors": t.ecc_uncorrected_errors,
                     "health_mask": fake.health,
                 }
                 kept = tuple((key, float(value)) for key, value in figures.items() if value is not None)

@@ -132,6 +132,7 @@ class IxmlBackend:
             "nvmlDeviceGetTemperature": [ctypes.c_void_p, ctypes.c_int, uint_p],
             "nvmlDeviceGetPowerUsage": [ctypes.c_void_p, uint_p],
             "nvmlDeviceGetClockInfo": [ctypes.c_void_p, ctypes.c_int, uint_p],
+            "ixmlDeviceGetEccErros": [ctypes.c_void_p, uint_p, uint_p],  # sic: the library's name
         }
         missing = []
         for name, argtypes in {**signatures, **optional}.items():
@@ -297,8 +298,9 @@ class IxmlBackend:
 
     def read_telemetry(self, chip: Chip) -> dict[str, float]:
         """One call per figure (:mod:`ix_gpu.node.telemetry`); a call the library lacks or fails
-        leaves its figure out. Power: the header documents milliwatts (ix-exporter reads the
-        value as watts; not confirmed on hardware here), published as watts."""
+        leaves its figure out. ECC: ``ixmlDeviceGetEccErros`` gives single-bit (corrected) and
+        double-bit (uncorrected) counts in one call. Power: the header documents milliwatts
+        (ix-exporter reads the value as watts; not confirmed on hardware here), published as watts."""
         lib, has = self._lib, self._has
         handle = ctypes.c_void_p()
         if lib.nvmlDeviceGetHandleByIndex_v2(chip.index, ctypes.byref(handle)) != NVML_SUCCESS:
@@ -322,6 +324,10 @@ class IxmlBackend:
             for key, clock in (("sm_clock_hertz", NVML_CLOCK_SM), ("memory_clock_hertz", NVML_CLOCK_MEM)):
                 if lib.nvmlDeviceGetClockInfo(handle, clock, ctypes.byref(value)) == NVML_SUCCESS:
                     out[key] = value.value * 1e6
+        if has["ixmlDeviceGetEccErros"]:
+            single, double = ctypes.c_uint(), ctypes.c_uint()
+            if lib.ixmlDeviceGetEccErros(handle, ctypes.byref(single), ctypes.byref(double)) == NVML_SUCCESS:
+                out["ecc_corrected_errors"], out["ecc_uncorrected_errors"] = single.value, double.value
         if has["ixmlDeviceGetHealth"]:
             mask = ctypes.c_ulonglong()
             if lib.ixmlDeviceGetHealth(handle, ctypes.byref(mask)) == NVML_SUCCESS:

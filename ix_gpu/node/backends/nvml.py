@@ -172,6 +172,10 @@ class NvmlBackend:
             (("power_watts",), lambda: (nvml.nvmlDeviceGetPowerUsage(handle) / 1000,)),
             (("sm_clock_hertz",), lambda: (nvml.nvmlDeviceGetClockInfo(handle, 1) * 1e6,)),
             (("memory_clock_hertz",), lambda: (nvml.nvmlDeviceGetClockInfo(handle, 2) * 1e6,)),
+            # Corrected (0) and uncorrected (1) errors, volatile counts (0: since the driver loaded);
+            # a GPU without ECC, or with it off, answers NOT_SUPPORTED and the figures are absent.
+            (("ecc_corrected_errors",), lambda: (nvml.nvmlDeviceGetTotalEccErrors(handle, 0, 0),)),
+            (("ecc_uncorrected_errors",), lambda: (nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0),)),
         )
         for keys, read in reads:
             try:

@@ -111,7 +111,8 @@ def telemetry_lines(
     holders: Mapping[str, Sequence[Holder]] | None = None,
     pod_resources_up: bool | None = None,
 ) -> Iterator[str]:
-    """The chips' figures as gauges (a figure no chip has is left out whole), each chip's decoded
+    """The chips' figures as gauges, or counters for the library's counts (a figure no chip has is
+    left out whole), each chip's decoded
     health bits where its reading has the mask, every chip's staleness, one series per holder of a
     chip (``holders``: chip UUID → the containers the kubelet gave it to), and whether the
     kubelet's PodResources API answered (``None``: not asked)."""
@@ -121,7 +122,7 @@ def telemetry_lines(
         present = [(labels, item.reading[key]) for labels, item in labelled if key in item.reading]
         if present:
             yield f"# HELP {figure.metric} {escape_help(figure.help)}"
-            yield f"# TYPE {figure.metric} gauge"
+            yield f"# TYPE {figure.metric} {figure.kind}"
             yield from (f"{figure.metric}{labels} {format_value(value)}" for labels, value in present)
     masks = [(item, int(item.reading[HEALTH_MASK])) for _, item in labelled if HEALTH_MASK in item.reading]
     if masks:
