@@ -24,10 +24,12 @@ before get 410 Gone); or 500 namespaces created each immediately followed by its
 
 Reported: pod-create latency p50/p99 as the client saw it (SLO: 1 s) and the creates that failed
 before a retry; admission latency p50/p99 as the apiserver measured it
-(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets) and as
-the webhook did; pod startup p50/p99, from the create's answer to Running as seen by a watch (SLO:
-5 s); scheduling (create to bound) p50/p99 and throughput, with and without the injected affinity;
-the webhook's CPU seconds per review and RSS; GPU pods admitted unmutated; opted-out pods mutated.
+(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets; read
+before each apiserver restart too, whose histograms start from 0) and as the webhook did (the
+replicas running at the end: a SIGKILLed one's reviews before the kill are not in it); pod
+startup p50/p99, from the create's answer to Running as seen by a watch (SLO: 5 s); scheduling
+(create to bound) p50/p99 and throughput, with and without the injected affinity; the webhook's
+CPU seconds per review and RSS; GPU pods admitted unmutated; opted-out pods mutated.
 """
 
 from __future__ import annotations
@@ -72,9 +74,9 @@ def ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 1)
 
 
-def bucket_quantile(text: str, family: str, q: float, match: dict[str, str]) -> float | None:
-    """``q`` of a Prometheus histogram, interpolated linearly inside its bucket, over the series
-    whose labels include ``match``."""
+def buckets_of(text: str, family: str, match: dict[str, str]) -> dict[float, float]:
+    """A Prometheus histogram's cumulative buckets by upper bound, summed over the series whose
+    labels include ``match`` (and over every copy of the family in ``text``)."""
     buckets: dict[float, float] = {}
     for metric in text_string_to_metric_families(text):
         if metric.name != family:
@@ -86,6 +88,13 @@ def bucket_quantile(text: str, family: str, q: float, match: dict[str, str]) -> 
                 continue
             bound = float(sample.labels["le"])
             buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def bucket_quantile(text: str, family: str, q: float, match: dict[str, str]) -> float | None:
+    """``q`` of a Prometheus histogram, interpolated linearly inside its bucket, over the series
+    whose labels include ``match``."""
+    buckets = buckets_of(text, family, match)
     if not buckets or buckets.get(float("inf"), 0) == 0:
         return None
     total = buckets[float("inf")]
@@ -351,6 +360,7 @@ def run(
         burst = Burst(api)
         marks = [threading.Event() for _ in faults]
         fault_info: dict[str, dict[str, Any]] = {}
+        before_restarts: list[str] = []  # the apiserver's /metrics before each restart, which zeroes them
 
         def inject(fault: str, mark: threading.Event) -> None:
             """One fault at its mark, in a thread of its own: the next one's mark does not wait
@@ -358,6 +368,10 @@ def run(
             mark.wait()
             at, info = time.monotonic(), fault_info.setdefault(fault, {})
             if fault == "apiserver-restart":
+                status, text = api.request("GET", "/metrics")
+                info["admissions_before_kept"] = status == 200 and isinstance(text, str)
+                if info["admissions_before_kept"]:
+                    before_restarts.append(str(text))
                 api.restart(2.0)
             elif fault == "webhook-kill":
                 info.update(webhook.kill_one())
@@ -408,7 +422,8 @@ def run(
             )
         }
         metrics_status, metrics_text = api.request("GET", "/metrics")
-        text = metrics_text if isinstance(metrics_text, str) else ""
+        # With the histograms from before each restart: their buckets add up (bucket_quantile).
+        text = "\n".join([*before_restarts, metrics_text if isinstance(metrics_text, str) else ""])
         admission = "apiserver_admission_webhook_admission_duration_seconds"
         match = {"operation": "CREATE", "type": "admit"}
         own = "\n".join(webhook.metrics())  # the replicas' histograms add up
@@ -420,6 +435,7 @@ def run(
                 "create_error_examples": sorted(set(burst.first_try_errors))[:3],
                 "create_p50_ms": ms(quantile(burst.latency, 0.5)),
                 "create_p99_ms": ms(quantile(burst.latency, 0.99)),
+                "admissions_counted": int(buckets_of(text, admission, match).get(float("inf"), 0)),
                 "admission_p50_ms": ms(bucket_quantile(text, admission, 0.5, match)),
                 "admission_p99_ms": ms(bucket_quantile(text, admission, 0.99, match)),
                 "webhook_p99_ms": ms(bucket_quantile(own, "ix_gpu_admission_duration_seconds", 0.99, {})),
