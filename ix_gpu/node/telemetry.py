@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ix_gpu.node.backends.base import IXML_HEALTH_BITS, Chip
 
@@ -43,7 +43,7 @@ class Figure:
     help: str
     ix_exporter: str
     dcgm: str
-    kind: str = "gauge"
+    kind: Literal["gauge", "counter"] = "gauge"
 
 
 FIGURES: tuple[Figure, ...] = (

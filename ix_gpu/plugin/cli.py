@@ -82,9 +82,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=interval_seconds_or_off,
         default=10.0,
         metavar="SECONDS",
-        help="per-chip figures on /metrics (utilization, memory, temperature, power, clocks, health bits) "
-        "are read this often, in a thread of their own, with the kubelet's PodResources; a scrape is "
-        "answered from the last read and never waits on the library (default 10; 0 disables)",
+        help="per-chip figures on /metrics (utilization, memory, temperature, power, clocks, ECC counts, "
+        "health bits) are read this often, in a thread of their own, with the kubelet's PodResources; "
+        "a scrape is answered from the last read and never waits on the library (default 10; 0 disables)",
     )
     plugin.add_argument(
         "--pod-resources-socket",

@@ -112,10 +112,9 @@ def telemetry_lines(
     pod_resources_up: bool | None = None,
 ) -> Iterator[str]:
     """The chips' figures as gauges, or counters for the library's counts (a figure no chip has is
-    left out whole), each chip's decoded
-    health bits where its reading has the mask, every chip's staleness, one series per holder of a
-    chip (``holders``: chip UUID → the containers the kubelet gave it to), and whether the
-    kubelet's PodResources API answered (``None``: not asked)."""
+    left out whole), each chip's decoded health bits where its reading has the mask, every chip's
+    staleness, one series per holder of a chip (``holders``: chip UUID → the containers the kubelet
+    gave it to), and whether the kubelet's PodResources API answered (``None``: not asked)."""
     labelled = [(labels_text(LABELS, chip_labels(node, item.chip)), item) for item in items]
     for figure in FIGURES:
         key = figure.key
