@@ -415,6 +415,10 @@ def test_300_clients_sending_3_mib_each_stay_under_256_mib(tmp_path: Path, cert_
             if rss.max < RSS_LIMIT
             else None
         )
+        # The warm-up connection sat idle through the burst, and the server may have closed it (the
+        # connection cap closes an address's idle keep-alives; the keep-alive timeout is 30 s): what
+        # is checked is that the server answers afterwards, so ask on a fresh connection.
+        client.reconnect()
         assert client.post(SMALL).status == 200
         assert client.post(body).status == 200
         assert webhook.metric("ix_gpu_admission_internal_errors_total") == 0
