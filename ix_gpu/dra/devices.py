@@ -20,10 +20,13 @@ Either way the device plugin and the DRA driver agree on what a pod may own.
 and on from Kubernetes 1.36): each device of the form ``splitboard`` picks is published with
 ``allowMultipleAllocations`` and its memory split in N equal shares (``requestPolicy``: one share
 by default, whole shares up to the memory), so independent claims each take shares and the
-scheduler never gives out more than the device's memory. Boards are then not partitioned: how
-the scheduler counts counters of a device allocated several times is not proven here. The
-share a claim got reaches its containers as an advisory variable (:mod:`ix_gpu.dra.prepare`);
-nothing enforces it. Pods can also share a GPU by sharing one ResourceClaim, on any cluster.
+scheduler never gives out more than the device's memory. With partitionable boards too, every
+device is shared, the board and each of its chips: the scheduler charges a shared device's
+counters once, with its first share (Kubernetes 1.37's allocator skips the counter check for a
+device that already holds shares), so a board's shares and its chips' shares still never go
+together, and the shares of one device stack up to its memory. The share a claim got reaches its
+containers as an advisory variable (:mod:`ix_gpu.dra.prepare`); nothing enforces it. Pods can
+also share a GPU by sharing one ResourceClaim, on any cluster.
 
 Names (:mod:`ix_gpu.node.devices.dra_names`): a chip device is ``gpu-<index>`` and a board device
 ``board-<index of its first chip>`` (a one-chip board is ``gpu-<index>`` when partitionable, as
@@ -109,15 +112,14 @@ def dra_devices(
 ) -> tuple[DraDevice, ...]:
     """This node's devices, in device-node order (what ``ix-gpu devices`` prints); with
     ``partitionable``, each multi-chip board is followed by its chips; with ``shares`` above 1,
-    each device in the form ``splitboard`` picks is shared, and boards are not partitioned
-    (module doc)."""
+    every device of that layout is shared (module doc)."""
     chips = list(chips)
     if shares > 1:
         # At most one share per MiB: a device of unknown (0) memory is not shared.
-        plain = dra_devices(chips, splitboard=splitboard)
+        laid_out = dra_devices(chips, splitboard=splitboard, partitionable=partitionable)
         return tuple(
             dataclasses.replace(device, shares=max(1, min(shares, device.physical.memory_mib)))
-            for device in plain
+            for device in laid_out
         )
     board_size = collections.Counter(chip.board_id for chip in chips)
     out: list[DraDevice] = []

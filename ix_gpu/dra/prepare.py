@@ -6,7 +6,8 @@ the device plugin's) and answers CDI device IDs ``<kind>=<claim uid>-<device>``.
 each name keeps them unique across spec files of one kind, which CDI requires, and apart from the
 device plugin's own spec. The visible-devices variable goes into the claim's spec: there is no
 Allocate call to set it. A claim that took shares of a shared device (:mod:`ix_gpu.dra.devices`)
-also gets :data:`MEMORY_SHARE_ENV`, the MiB it was given of each of its devices in their order:
+also gets :data:`MEMORY_SHARE_ENV`, the MiB it was given of each chip it sees, in the order of the
+visible-devices variable (a share of a board is split over the board's chips by their memory):
 advisory, for the application to size itself by; nothing enforces it.
 
 The kubelet retries Prepare until every claim has an error-free answer, and may call it again
@@ -49,6 +50,15 @@ def memory_mib(quantity: str) -> int | None:
 
 
 MEMORY_SHARE_ENV = "IX_GPU_MEMORY_SHARE_MIB"
+
+
+def _per_chip(device: DraDevice, given: int | None) -> list[int]:
+    """What a claim was given of ``device`` (all of it when ``given`` is None: taken whole), per
+    chip in the device's order: a board's share spread over its chips as their memory is."""
+    total = device.physical.memory_mib
+    mib = total if given is None else given
+    return [mib * chip.memory_mib // total if total else 0 for chip in device.physical.chips]
+
 
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 """What a Kubernetes uid looks like; anything else never becomes part of a file name."""
@@ -161,7 +171,7 @@ class Preparer:
         edits = spec.setdefault("containerEdits", {})
         edits["env"] = [*edits.get("env", []), f"{self.vendor.visible_devices_env}={visible}"]
         if shares:
-            mib = ",".join(str(shares.get(d.name, d.physical.memory_mib)) for d in devices)
+            mib = ",".join(str(m) for d in devices for m in _per_chip(d, shares.get(d.name)))
             edits["env"].append(f"{MEMORY_SHARE_ENV}={mib}")
         return spec
 

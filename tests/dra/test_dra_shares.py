@@ -35,8 +35,8 @@ def _chips() -> list[Chip]:
 def test_replicas_become_equal_memory_shares_of_the_form_splitboard_picks(
     splitboard: bool, names: int, share: str
 ) -> None:
-    devices = dra_devices(_chips(), splitboard=splitboard, partitionable=True, shares=4)
-    assert len(devices) == names and counter_sets(devices) == []  # no boards partitioned
+    devices = dra_devices(_chips(), splitboard=splitboard, shares=4)
+    assert len(devices) == names and counter_sets(devices) == []
     for entry in slice_devices(devices, ILUVATAR, DRIVER):
         assert entry["allowMultipleAllocations"] is True
         memory = entry["capacity"]["memory"]
@@ -50,6 +50,33 @@ def test_replicas_become_equal_memory_shares_of_the_form_splitboard_picks(
     assert all(
         "allowMultipleAllocations" not in e and "requestPolicy" not in e["capacity"]["memory"] for e in plain
     )
+
+
+@pytest.mark.parametrize("splitboard", [True, False])
+def test_partitionable_boards_and_their_chips_are_all_shared_and_keep_their_counters(
+    splitboard: bool,
+) -> None:
+    """Partitions and shares together: every board and every chip is shared, each in N shares of
+    its own memory, and each still consumes its board's counters (a board's shares and its chips'
+    shares are kept apart by the scheduler, which charges a shared device's counters once:
+    tests/k8s/test_dra_scheduler_properties.py proves it on v1.37's)."""
+    devices = dra_devices(_chips(), splitboard=splitboard, partitionable=True, shares=4)
+    assert [d.name for d in devices] == ["board-0", "gpu-0", "gpu-1", "board-2", "gpu-2", "gpu-3"]
+    sets = {s["name"]: set(s["counters"]) for s in counter_sets(devices)}
+    assert sets == {"board-0": {"gpu-0", "gpu-1"}, "board-2": {"gpu-2", "gpu-3"}}
+    for device, entry in zip(devices, slice_devices(devices, ILUVATAR, DRIVER), strict=True):
+        board = entry["name"].startswith("board-")
+        whole, share = ("65536Mi", "16384Mi") if board else ("32768Mi", "8192Mi")
+        assert entry["allowMultipleAllocations"] is True
+        assert entry["capacity"]["memory"] == {
+            "value": whole,
+            "requestPolicy": {"default": share, "validRange": {"min": share, "max": whole, "step": share}},
+        }
+        [consumed] = entry["consumesCounters"]
+        assert consumed["counterSet"] == device.counter_set
+        assert set(consumed["counters"]) == (sets[entry["name"]] if board else {entry["name"]})
+        default = entry["attributes"]["defaultForm"]["bool"]
+        assert default is (not board if splitboard else board)
 
 
 def test_two_claims_on_one_shared_chip_each_get_their_share_in_the_env(
@@ -97,6 +124,49 @@ def test_two_claims_on_one_shared_chip_each_get_their_share_in_the_env(
     assert env("uid-whole") == []  # allocated whole: nothing to tell
 
 
+def test_a_share_of_a_partitionable_board_is_told_per_chip_beside_a_share_of_a_chip(
+    short_tmp: Path, fake_devices: Path, resource_api: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    """Partitions and shares on one node: the slice has both boards and chips shared, each with
+    its counters; a 16 GiB share of a board sees both chips, told 8 GiB of each."""
+    fake, api = resource_api
+    board = {
+        **result("board-0"),
+        "shareID": "6f1c7a52-0000-4000-8000-000000000003",
+        "consumedCapacity": {"memory": "16Gi"},
+    }
+    chip = {
+        **result("gpu-2"),
+        "shareID": "6f1c7a52-0000-4000-8000-000000000004",
+        "consumedCapacity": {"memory": "24Gi"},
+    }
+    fake.add_claim("default", "board", "uid-board", [board])
+    fake.add_claim("default", "chip", "uid-chip", [chip])
+    config = settings(short_tmp, partitionable=True, replicas=4)
+
+    async def scenario() -> dra.NodePrepareResourcesResponse:
+        async with running(config, fake_devices, api), dra_client(config) as client:
+            await wait_until_async(lambda: SLICE in fake.slices, "the ResourceSlice")
+            claims = [claim("uid-board", "board"), claim("uid-chip", "chip")]
+            return await client.NodePrepareResources(dra.NodePrepareResourcesRequest(claims=claims))
+
+    answer = asyncio.run(scenario())
+    assert {uid: c.error for uid, c in answer.claims.items()} == {"uid-board": "", "uid-chip": ""}
+    published = fake.slices[SLICE]["spec"]["devices"]
+    assert [d["name"] for d in published] == ["board-0", "gpu-0", "gpu-1", "board-2", "gpu-2", "gpu-3"]
+    assert all(d["allowMultipleAllocations"] and d["consumesCounters"] for d in published)
+
+    def env(uid: str) -> dict[str, str]:
+        spec = json.loads((short_tmp / "cdi" / f"iluvatar.com-gpu-claim-{uid}.json").read_text())
+        return dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+
+    board_env, chip_env = env("uid-board"), env("uid-chip")
+    assert len(board_env["IX_VISIBLE_DEVICES"].split(",")) == 2
+    assert board_env[MEMORY_SHARE_ENV] == "8192,8192"
+    assert len(chip_env["IX_VISIBLE_DEVICES"].split(",")) == 1
+    assert chip_env[MEMORY_SHARE_ENV] == "24576"
+
+
 def test_shares_the_apiserver_drops_make_each_device_exclusive_said_once(
     short_tmp: Path,
     fake_devices: Path,
@@ -119,6 +189,50 @@ def test_shares_the_apiserver_drops_make_each_device_exclusive_said_once(
     assert all(d["capacity"] == {"memory": {"value": "32768Mi"}} for d in devices)
     said = [r.getMessage() for r in caplog.records if "allowMultipleAllocations" in r.getMessage()]
     assert len(said) == 1 and "DRAConsumableCapacity" in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("drop_shares", "drop_counters", "names", "shared", "counted"),
+    [
+        (True, False, ["board-0", "gpu-0", "gpu-1", "board-2", "gpu-2", "gpu-3"], False, True),
+        (False, True, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], True, False),
+        (True, True, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], False, False),  # as Kubernetes 1.35
+    ],
+)
+def test_with_partitions_and_shares_each_dropped_feature_falls_back_alone(
+    short_tmp: Path,
+    fake_devices: Path,
+    resource_api: tuple[FakeResourceApi, ApiServer],
+    drop_shares: bool,
+    drop_counters: bool,
+    names: list[str],
+    shared: bool,
+    counted: bool,
+) -> None:
+    """A cluster may serve one of the two features and not the other: what it drops goes, what it
+    keeps stays."""
+    fake, api = resource_api
+    fake.drop_shares, fake.drop_counters = drop_shares, drop_counters
+    config = settings(short_tmp, partitionable=True, replicas=4)
+
+    async def scenario() -> None:
+        async with running(config, fake_devices, api) as app:
+            await wait_until_async(
+                lambda: (
+                    (app.shares == 1) is drop_shares
+                    and app.partitionable is not drop_counters
+                    and SLICE in fake.slices
+                    and [d["name"] for d in fake.slices[SLICE]["spec"]["devices"]] == names
+                ),
+                "the fallback",
+            )
+            await asyncio.sleep(0.5)
+
+    asyncio.run(scenario())
+    devices = fake.slices[SLICE]["spec"]["devices"]
+    assert [d["name"] for d in devices] == names
+    assert all(bool(d.get("allowMultipleAllocations")) is shared for d in devices)
+    assert all(bool(d.get("consumesCounters")) is counted for d in devices)
 
 
 @pytest.mark.parametrize(

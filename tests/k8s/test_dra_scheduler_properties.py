@@ -10,14 +10,19 @@ the DeviceClasses are the chart's, rendered from ``charts/ix-gpu``:
   per board; splitboard true on two, false on the others, so both default forms are in play);
 - two nodes of two BI-V150 boards with ``sharing.timeSlicing.replicas: 4`` (each chip shared in
   four 8 GiB shares);
+- two nodes of two BI-V150 boards, partitionable and shared: each board (four 16 GiB shares) and
+  each chip (four 8 GiB shares), all consuming the board's counters;
 - two nodes of two BI-V100 boards, plain.
 
 Each of 120 pods has its own ResourceClaim of a random kind (a whole board, a chip, the default
 form, a memory share of random size) with a random product selector and one or two devices. More
 is asked than there is, so some pods stay unschedulable. Every allocation is then checked: no
-exclusive device twice, no board together with one of its chips, no shared device's memory over
-its capacity, every share whole, and every device what its claim's selectors asked for. The seed
-is printed; ``IX_GPU_PROPERTY_SEED`` replays one.
+exclusive device twice, no board together with one of its chips (shared or not), no shared
+device's memory over its capacity, every share whole, and every device what its claim's selectors
+asked for. The seed is printed; ``IX_GPU_PROPERTY_SEED`` replays one.
+
+A second test walks partitions and shares together step by step on two one-board nodes of their
+own, each claim's outcome decided before the next is made.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import collections
 import os
 import random
 import secrets
+import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -64,9 +70,13 @@ KINDS_OF_NODE: dict[str, dict[str, Any]] = {
     "part-chips": {"chips": ("Iluvatar BI-V150", 2), "splitboard": True, "partitionable": True},
     "part-boards": {"chips": ("Iluvatar BI-V150", 2), "splitboard": False, "partitionable": True},
     "shared": {"chips": ("Iluvatar BI-V150", 2), "splitboard": True, "shares": 4},
+    "part-shared": {"chips": ("Iluvatar BI-V150", 2), "splitboard": True, "partitionable": True, "shares": 4},
     "plain": {"chips": ("Iluvatar BI-V100", 1), "splitboard": True},
 }
 NODES = {f"prop-{kind}-{i}": spec for kind, spec in KINDS_OF_NODE.items() for i in range(2)}
+STEP_NODES = ("step-0", "step-1")
+"""One BI-V150 board each (board-0, gpu-0, gpu-1), partitionable and shared in four; each labelled
+``type=<its name>`` so that only the step test's pods land there."""
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +98,16 @@ def cluster(
             partitionable=spec.get("partitionable", False),
             shares=spec.get("shares", 1),
         )
+    for name in STEP_NODES:
+        create_node(kube_api, name, {"type": name})
+        published[name] = publish_pool(
+            kube_api,
+            name,
+            chips(name, "Iluvatar BI-V150", 2, boards=1),
+            splitboard=True,
+            partitionable=True,
+            shares=4,
+        )
     scheduler: Process = start_kube_scheduler(
         k8s_binaries, kube_api.kubeconfig, tmp_path_factory.mktemp("scheduler"), k8s_log_dir
     )
@@ -95,7 +115,7 @@ def cluster(
         yield published
     finally:
         scheduler.stop()
-        for name in NODES:
+        for name in (*NODES, *STEP_NODES):
             delete_pool(kube_api, name)
         for device_class in classes:
             kube_api.request("DELETE", f"{RESOURCE_API}/deviceclasses/{device_class}")
@@ -272,4 +292,80 @@ def test_random_claims_are_never_double_booked(kube_api: KubeAPI, cluster: dict[
     # Not vacuous: each kind was allocated, a chip was shared, and more was asked than there is.
     assert all(allocated_kinds[kind] for kind in KINDS), allocated_kinds
     assert shared >= 2 and pending > 0, (shared, pending)
+    request_ok(kube_api, "DELETE", ns)
+
+
+def test_a_shared_board_and_its_shared_chips_never_go_together(
+    kube_api: KubeAPI, cluster: dict[str, dict[str, Any]]
+) -> None:
+    """Partitions and shares together, one decision at a time. On step-0, board shares stack up to
+    the board's memory while no chip can be had; on step-1, two shares of one chip stack up to
+    the chip's memory and the other chip is free, while the board cannot be had. So the scheduler
+    charges a shared device's counters once, with its first share, and keeps a board's shares and
+    its chips' shares apart."""
+    namespace = f"step-{secrets.token_hex(3)}"
+    request_ok(kube_api, "POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    ns = f"/api/v1/namespaces/{namespace}"
+    claims_path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
+    outcomes: dict[str, tuple[str, str]] = {}
+
+    def ask(name: str, node: str, selector: str, memory: str | None = None) -> tuple[str, str]:
+        """One claim and its pod on ``node``; (device, memory taken) once bound, ("", why) once
+        the scheduler calls it unschedulable."""
+        exactly: dict[str, Any] = {
+            "deviceClassName": f"any.{DRIVER}",
+            "selectors": [{"cel": {"expression": selector}}],
+        }
+        if memory is not None:
+            exactly["capacity"] = {"requests": {"memory": memory}}
+        claim = {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
+        request_ok(kube_api, "POST", claims_path, claim)
+        request_ok(kube_api, "POST", f"{ns}/pods", claim_pod(name, {"type": node}))
+
+        def decided() -> tuple[str, str] | None:
+            pod = request_ok(kube_api, "GET", f"{ns}/pods/{name}")
+            if pod["spec"].get("nodeName"):
+                found = (
+                    request_ok(kube_api, "GET", f"{claims_path}/{name}").get("status", {}).get("allocation")
+                )
+                if found is None:
+                    return None
+                [result] = found["devices"]["results"]
+                assert result["pool"] == node, (name, result)
+                taken = result.get("consumedCapacity", {}).get("memory")
+                return result["device"], "" if taken is None else f"{parse_quantity(taken) / GI}Gi"
+            for condition in pod.get("status", {}).get("conditions", []):
+                if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                    return "", condition.get("message", "")
+            return None
+
+        outcomes[name] = wait_until(decided, f"the scheduler's decision on {name}", 60, interval=0.3)
+        return outcomes[name]
+
+    board = f"{_attribute('wholeBoard')} && {_attribute('chips')} == 2"
+    chip = f"{_attribute('chips')} == 1"
+    # step-0: a board's shares first.
+    assert ask("board-a", "step-0", board) == ("board-0", "16Gi")  # the default share
+    assert ask("chip-a", "step-0", chip)[0] == ""  # the board's share holds both chips' counters
+    assert ask("board-b", "step-0", board, "48Gi") == ("board-0", "48Gi")  # counters charged once
+    assert ask("board-c", "step-0", board)[0] == ""  # 16 + 48 GiB: the board's memory is taken
+    # step-1: a chip's shares first.
+    first, taken = ask("chip-b", "step-1", chip, "8Gi")
+    assert first in ("gpu-0", "gpu-1") and taken == "8Gi", (first, taken)
+    uuid = _value(cluster["step-1"][first]["attributes"]["uuid"])
+    same = f'{chip} && {_attribute("uuid")} == "{uuid}"'
+    assert ask("chip-c", "step-1", same, "24Gi") == (first, "24Gi")  # 8 + 24 GiB of one chip
+    assert ask("chip-d", "step-1", same)[0] == ""  # that chip's memory is taken
+    assert ask("board-d", "step-1", board)[0] == ""  # a chip of the board holds shares
+    other = ask("chip-e", "step-1", chip)
+    assert other[0] in ("gpu-0", "gpu-1") and other[0] != first, other  # its sibling is free
+    print(f"\nstep outcomes: {outcomes}")
+    # Later attempts (the scheduler retries unschedulable pods on every change) change nothing.
+    time.sleep(3)
+    for name in ("chip-a", "board-c", "chip-d", "board-d"):
+        pod = request_ok(kube_api, "GET", f"{ns}/pods/{name}")
+        assert not pod["spec"].get("nodeName"), (name, pod["spec"].get("nodeName"))
     request_ok(kube_api, "DELETE", ns)
