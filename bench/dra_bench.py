@@ -2,7 +2,7 @@
 the real ``ix-gpu dra`` process, against issue 21's targets.
 
     .venv/bin/python bench/dra_bench.py [--claims 200] [--rounds 3] [--boards 8]
-        [--layout partitionable|plain|shared] [--fake-api] [--json]
+        [--layout partitionable|plain|shared|part-shared] [--fake-api] [--json]
 
 What is measured, per round (each round starts a fresh ``ix-gpu dra --backend fake`` process with
 fresh plugin, CDI and checkpoint directories):
@@ -102,19 +102,23 @@ def claim_body(name: str) -> dict[str, Any]:
 LAYOUTS = {
     "partitionable": ("flags:\n  splitboard: true\n", ()),
     "plain": ("flags:\n  splitboard: true\n", ("--partitionable", "off")),
-    "shared": ("flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n", ()),
+    "shared": (
+        "flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n",
+        ("--partitionable", "off"),
+    ),
+    "part-shared": ("flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n", ()),
 }
 """The ix-config and extra flags of each layout the plugin publishes (ix_gpu/dra/devices.py)."""
 
 
 def published_devices(layout: str, boards: int) -> int:
     """Devices the slice lists: each board and its two chips when partitionable, else the chips."""
-    return boards * 3 if layout == "partitionable" else boards * 2
+    return boards * 3 if layout.startswith("part") else boards * 2
 
 
 def allocated_device(layout: str, n: int, chips: int) -> str:
     """The device of claim ``n``: with partitionable boards, every third claim a whole board."""
-    if layout == "partitionable" and n % 3 == 0:
+    if layout.startswith("part") and n % 3 == 0:
         return f"board-{(n // 3 * 2) % chips}"
     return f"gpu-{n % chips}"
 
@@ -267,7 +271,7 @@ class RealCluster(Cluster):
         for n in range(count):
             created = self.call("POST", collection, claim_body(f"bench-claim-{n:05d}"))
             device = allocated_device(layout, n, chips)
-            created["status"] = {"allocation": allocation(device, layout == "shared", n)}
+            created["status"] = {"allocation": allocation(device, layout.endswith("shared"), n)}
             name = created["metadata"]["name"]
             self.call("PUT", f"{collection}/{name}/status", created)
             out.append((name, created["metadata"]["uid"]))
@@ -360,7 +364,7 @@ class FakeCluster(Cluster):
         out = []
         for n in range(count):
             name, uid = f"bench-claim-{n:05d}", f"00000000-0000-4000-8000-{n:012d}"
-            results = allocation(allocated_device(layout, n, chips), layout == "shared", n)["devices"][
+            results = allocation(allocated_device(layout, n, chips), layout.endswith("shared"), n)["devices"][
                 "results"
             ]
             self.fake.add_claim(NAMESPACE, name, uid, results)

@@ -1,6 +1,6 @@
 """Scheduler time per DRA claim, as kube-scheduler's own metrics report it, for the pools ``ix-gpu
 dra`` publishes: plain per-chip slices against partitionable boards (each board and its chips,
-with counter sets) and shared chips (memory shares), on the same run.
+with counter sets), shared chips (memory shares) and both at once, on the same run.
 
     .venv/bin/python bench/dra_scheduler_bench.py [--nodes 10] [--pods 20] [--rounds 2] [--json]
 
@@ -62,6 +62,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "plain": {"splitboard": True},
     "partitionable": {"splitboard": True, "partitionable": True},
     "shared": {"splitboard": True, "shares": 4},
+    "part-shared": {"splitboard": True, "partitionable": True, "shares": 4},
 }
 ATTEMPTS = "scheduler_scheduling_attempt_duration_seconds"
 EXTENSION_POINTS = "scheduler_framework_extension_point_duration_seconds"
@@ -98,7 +99,7 @@ def phase(
     before = metrics()
     start = time.monotonic()
     claims = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims"
-    names = [f"{layout[:4]}-{first + i:04d}" for i in range(count)]
+    names = [f"{layout}-{first + i:04d}" for i in range(count)]
     for name in names:
         claim = {
             "metadata": {"name": name},
@@ -215,7 +216,7 @@ def main() -> int:
             figures[f"{layout}_{point}_ms_per_claim"] = (
                 sum(p[f"{point}_ms"] * p["attempts"] for p in phases) / attempts
             )
-    for layout in ("partitionable", "shared"):
+    for layout in [name for name in LAYOUTS if name != "plain"]:
         figures[f"{layout}_vs_plain"] = figures[f"{layout}_ms_per_claim"] / figures["plain_ms_per_claim"]
     if args.json:
         print(
