@@ -104,9 +104,12 @@ LAYOUTS = {
     "plain": ("flags:\n  splitboard: true\n", ("--partitionable", "off")),
     "shared": (
         "flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n",
-        ("--partitionable", "off"),
+        ("--partitionable", "off"),  # as auto: a shared node's boards are not partitioned
     ),
-    "part-shared": ("flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n", ()),
+    "part-shared": (
+        "flags:\n  splitboard: true\nsharing:\n  timeSlicing:\n    replicas: 4\n",
+        ("--partitionable", "with-shares"),
+    ),
 }
 """The ix-config and extra flags of each layout the plugin publishes (ix_gpu/dra/devices.py)."""
 

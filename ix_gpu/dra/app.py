@@ -79,6 +79,10 @@ class DraSettings:
     unhealthy: UnhealthyMode = "taint"
     partitionable: bool = True
     """Publish boards and their chips with shared counters where the cluster serves them."""
+    partitionable_shares: bool = False
+    """With ``replicas`` above 1 too: every board and chip shared, keeping its counters. Off by
+    default: a kube-scheduler before Kubernetes 1.37 may give a board's share and its chip's share
+    together (module doc of :mod:`ix_gpu.dra.devices`)."""
     replicas: int = 1
     """``sharing.timeSlicing.replicas``: above 1, devices are shared in that many memory shares
     where the cluster serves consumable capacity."""
@@ -190,7 +194,7 @@ class DraApp:
         found = dra_devices(
             self._chips,
             splitboard=self.settings.splitboard,
-            partitionable=self.partitionable,
+            partitionable=self.partitionable and (self.shares == 1 or self.settings.partitionable_shares),
             shares=self.shares,
         )
         self.devices = {d.name: d for d in found}

@@ -130,12 +130,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     dra.add_argument(
         "--partitionable",
-        choices=("auto", "off"),
+        choices=("auto", "with-shares", "off"),
         default="auto",
         help="auto: publish each multi-chip board as the whole board and each of its chips, with shared "
         "counters so that no two overlap, and let each claim pick (DRAPartitionableDevices, on by default "
-        "since 1.36; where the API server drops the counters, the plain layout); off: only the form "
-        "splitboard picks (default auto)",
+        "since 1.36; where the API server drops the counters, the plain layout), except where "
+        "sharing.timeSlicing.replicas shares the devices; with-shares: there too, every board and chip "
+        "shared (needs the kube-scheduler of Kubernetes 1.37 or later: an older one may give a board's "
+        "share and one of its chips' shares together); off: only the form splitboard picks (default auto)",
     )
     dra.add_argument(
         "--health-interval",
@@ -243,7 +245,8 @@ def run_dra(args: argparse.Namespace) -> int:
         replicas=config.replicas,
         driver_root=args.driver_root or config.cdi_driver_root,
         unhealthy=args.unhealthy,
-        partitionable=args.partitionable == "auto",
+        partitionable=args.partitionable != "off",
+        partitionable_shares=args.partitionable == "with-shares",
         health_interval=args.health_interval,
         config_dir=config_dir,
         default_config=args.default_config,

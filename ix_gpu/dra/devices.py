@@ -20,11 +20,14 @@ Either way the device plugin and the DRA driver agree on what a pod may own.
 and on from Kubernetes 1.36): each device of the form ``splitboard`` picks is published with
 ``allowMultipleAllocations`` and its memory split in N equal shares (``requestPolicy``: one share
 by default, whole shares up to the memory), so independent claims each take shares and the
-scheduler never gives out more than the device's memory. With partitionable boards too, every
-device is shared, the board and each of its chips: the scheduler charges a shared device's
-counters once, with its first share (Kubernetes 1.37's allocator skips the counter check for a
-device that already holds shares), so a board's shares and its chips' shares still never go
-together, and the shares of one device stack up to its memory. The share a claim got reaches its
+scheduler never gives out more than the device's memory. With partitionable boards too (an
+opt-in of the plugin: ``--partitionable with-shares``), every device is shared, the board and each
+of its chips: Kubernetes 1.37's scheduler charges a shared device's counters once, with its first
+share, and skips the counter check for a device that already holds shares, so a board's shares and
+its chips' shares never go together, and the shares of one device stack up to its memory. Before
+1.37 the allocator did not count a shared device's counters in later scheduling cycles
+(kubernetes#139034, fixed by #139040), so a board's share and its chip's share could both be
+given: hence opt-in, as no slice written back can tell which scheduler runs. The share a claim got reaches its
 containers as an advisory variable (:mod:`ix_gpu.dra.prepare`); nothing enforces it. Pods can
 also share a GPU by sharing one ResourceClaim, on any cluster.
 

@@ -8,6 +8,7 @@ from typing import Any
 import cel
 import pytest
 
+from ix_gpu.cli import build_parser
 from tests.chart.rendering import KUBE_VERSIONS, HelmError, find, lint, render
 from tests.support.k8s_schema import validate
 
@@ -261,3 +262,24 @@ def test_the_metrics_service_and_monitor_reach_the_dra_plugin_on_its_own_port_na
     ]
     port = find(render({"dra": {"enabled": True, "metricsPort": 9500}}), "DaemonSet", DRA)
     assert "--metrics-port=9500" in port["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.parametrize(
+    ("dra", "flag", "partitionable", "shares"),
+    [
+        ({}, "auto", True, False),
+        ({"partitionableShares": True}, "with-shares", True, True),
+        ({"partitionable": False}, "off", False, False),
+        ({"partitionable": False, "partitionableShares": True}, "off", False, False),
+    ],
+)
+def test_partitionable_values_become_the_plugins_flag_as_its_cli_reads_it(
+    dra: dict[str, Any], flag: str, partitionable: bool, shares: bool
+) -> None:
+    """dra.partitionableShares (boards beside chips on shared nodes too) is off by default: only a
+    1.37+ kube-scheduler keeps a board's share and its chip's share apart."""
+    objects = render({"dra": {"enabled": True, **dra}})
+    args = find(objects, "DaemonSet", DRA)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--partitionable={flag}" in args
+    parsed = build_parser().parse_args(args)
+    assert (parsed.partitionable != "off", parsed.partitionable == "with-shares") == (partitionable, shares)

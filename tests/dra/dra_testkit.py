@@ -29,6 +29,7 @@ def settings(
     unhealthy: UnhealthyMode = "taint",
     partitionable: bool = False,
     replicas: int = 1,
+    partitionable_shares: bool = False,
 ) -> DraSettings:
     """The plain layout unless ``partitionable`` (tests/dra/test_dra_partitionable.py has that)."""
     return DraSettings(
@@ -41,6 +42,7 @@ def settings(
         splitboard=splitboard,
         unhealthy=unhealthy,
         partitionable=partitionable,
+        partitionable_shares=partitionable_shares,
         replicas=replicas,
         health_interval=0.2,
     )

@@ -142,7 +142,7 @@ def test_a_share_of_a_partitionable_board_is_told_per_chip_beside_a_share_of_a_c
     }
     fake.add_claim("default", "board", "uid-board", [board])
     fake.add_claim("default", "chip", "uid-chip", [chip])
-    config = settings(short_tmp, partitionable=True, replicas=4)
+    config = settings(short_tmp, partitionable=True, replicas=4, partitionable_shares=True)
 
     async def scenario() -> dra.NodePrepareResourcesResponse:
         async with running(config, fake_devices, api), dra_client(config) as client:
@@ -192,6 +192,37 @@ def test_shares_the_apiserver_drops_make_each_device_exclusive_said_once(
 
 
 @pytest.mark.parametrize(
+    ("opt_in", "names"),
+    [
+        (False, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]),
+        (True, ["board-0", "gpu-0", "gpu-1", "board-2", "gpu-2", "gpu-3"]),
+    ],
+)
+def test_a_shared_node_publishes_boards_beside_chips_only_when_asked(
+    short_tmp: Path,
+    fake_devices: Path,
+    resource_api: tuple[FakeResourceApi, ApiServer],
+    opt_in: bool,
+    names: list[str],
+) -> None:
+    """``--partitionable auto`` (the default) leaves a shared node's boards unpartitioned: a
+    kube-scheduler before 1.37 may give a board's share and its chip's share together.
+    ``with-shares`` publishes them."""
+    fake, api = resource_api
+    config = settings(short_tmp, partitionable=True, replicas=4, partitionable_shares=opt_in)
+
+    async def scenario() -> None:
+        async with running(config, fake_devices, api):
+            await wait_until_async(lambda: SLICE in fake.slices, "the ResourceSlice")
+
+    asyncio.run(scenario())
+    devices = fake.slices[SLICE]["spec"]["devices"]
+    assert [d["name"] for d in devices] == names
+    assert all(d["allowMultipleAllocations"] for d in devices)
+    assert all(bool(d.get("consumesCounters")) is opt_in for d in devices)
+
+
+@pytest.mark.parametrize(
     ("drop_shares", "drop_counters", "names", "shared", "counted"),
     [
         (True, False, ["board-0", "gpu-0", "gpu-1", "board-2", "gpu-2", "gpu-3"], False, True),
@@ -213,7 +244,7 @@ def test_with_partitions_and_shares_each_dropped_feature_falls_back_alone(
     keeps stays."""
     fake, api = resource_api
     fake.drop_shares, fake.drop_counters = drop_shares, drop_counters
-    config = settings(short_tmp, partitionable=True, replicas=4)
+    config = settings(short_tmp, partitionable=True, replicas=4, partitionable_shares=True)
 
     async def scenario() -> None:
         async with running(config, fake_devices, api) as app:

@@ -10,8 +10,9 @@ the DeviceClasses are the chart's, rendered from ``charts/ix-gpu``:
   per board; splitboard true on two, false on the others, so both default forms are in play);
 - two nodes of two BI-V150 boards with ``sharing.timeSlicing.replicas: 4`` (each chip shared in
   four 8 GiB shares);
-- two nodes of two BI-V150 boards, partitionable and shared: each board (four 16 GiB shares) and
-  each chip (four 8 GiB shares), all consuming the board's counters;
+- two nodes of two BI-V150 boards, partitionable and shared (``--partitionable with-shares``):
+  each board (four 16 GiB shares) and each chip (four 8 GiB shares), all consuming the board's
+  counters;
 - two nodes of two BI-V100 boards, plain.
 
 Each of 120 pods has its own ResourceClaim of a random kind (a whole board, a chip, the default
