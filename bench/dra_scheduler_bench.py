@@ -154,6 +154,14 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=10, metavar="N", help="nodes per layout (default 10)")
     parser.add_argument("--pods", type=int, default=16, metavar="P", help="pods per phase (default 16)")
     parser.add_argument("--rounds", type=int, default=2, metavar="R", help="phases per layout (default 2)")
+    parser.add_argument(
+        "--background-shares",
+        type=int,
+        default=0,
+        metavar="S",
+        help="claims holding one memory share each, placed on the shared nodes before the measured "
+        "phases (the allocator checks every share in use when it counts a pool's counters; default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     warmup = 8
@@ -161,6 +169,8 @@ def main() -> int:
         parser.error("--nodes, --pods and --rounds must be at least 1")
     if args.pods * args.rounds + warmup > args.nodes * 4:
         parser.error(f"--pods x --rounds + {warmup} (warm-up) must fit in --nodes x 4 chips")
+    if args.background_shares < 0 or args.background_shares + args.pods * args.rounds > args.nodes * 16:
+        parser.error("--background-shares plus the shared phases' pods must fit in --nodes x 16 shares")
     binaries: K8sBinaries = build_binaries(targets=("kube-apiserver", "kube-scheduler"))
     work = Path(tempfile.mkdtemp(prefix="ixdrasched"))
     logs = work / "logs"
@@ -195,6 +205,8 @@ def main() -> int:
                     return scrape(url, api.token)
 
                 phase(api, namespace, "plain", warmup, 9000, metrics)
+                if args.background_shares:
+                    phase(api, namespace, "shared", args.background_shares, 10000, metrics)
                 for r in range(args.rounds):
                     for layout in LAYOUTS:
                         results[layout].append(
@@ -225,6 +237,7 @@ def main() -> int:
                     "nodes_per_layout": args.nodes,
                     "pods_per_phase": args.pods,
                     "rounds": args.rounds,
+                    "background_shares": args.background_shares,
                     **figures,
                 },
                 indent=2,
@@ -234,7 +247,8 @@ def main() -> int:
     load = os.getloadavg()[0]
     print(
         f"kube-scheduler v1.37.2, {args.nodes} nodes per layout (2 BI-V150 boards each), {args.rounds} "
-        f"phases per layout of {args.pods} pods, one claim each; load average {load:.2f}"
+        f"phases per layout of {args.pods} pods, one claim each; {args.background_shares} shares held "
+        f"beforehand; load average {load:.2f}"
     )
     print(f"  {'layout':<14} {'ms per claim':>12} {'wall s/phase':>12} {'vs plain':>9}  target")
     rows = []
