@@ -27,9 +27,9 @@ share, and skips the counter check for a device that already holds shares, so a 
 its chips' shares never go together, and the shares of one device stack up to its memory. Before
 1.37 the allocator did not count a shared device's counters in later scheduling cycles
 (kubernetes#139034, fixed by #139040), so a board's share and its chip's share could both be
-given: hence opt-in, as no slice written back can tell which scheduler runs. The share a claim got reaches its
-containers as an advisory variable (:mod:`ix_gpu.dra.prepare`); nothing enforces it. Pods can
-also share a GPU by sharing one ResourceClaim, on any cluster.
+given: hence opt-in, as no slice written back can tell which scheduler runs. The share a claim
+got reaches its containers as an advisory variable (:mod:`ix_gpu.dra.prepare`); nothing enforces
+it. Pods can also share a GPU by sharing one ResourceClaim, on any cluster.
 
 Names (:mod:`ix_gpu.node.devices.dra_names`): a chip device is ``gpu-<index>`` and a board device
 ``board-<index of its first chip>`` (a one-chip board is ``gpu-<index>`` when partitionable, as
