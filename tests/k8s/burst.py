@@ -26,7 +26,7 @@ Reported: pod-create latency p50/p99 as the client saw it (SLO: 1 s) and the cre
 before a retry; admission latency p50/p99 as the apiserver measured it
 (``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets; read
 before each apiserver restart too, whose histograms start from 0) and as the webhook did (the
-replicas running at the end: a SIGKILLed one's reviews before the kill are not in it); pod
+replicas running at the end, and a SIGKILLed one's as read just before the kill); pod
 startup p50/p99, from the create's answer to Running as seen by a watch (SLO: 5 s); scheduling
 (create to bound) p50/p99 and throughput, with and without the injected affinity; the webhook's
 CPU seconds per review and RSS; GPU pods admitted unmutated; opted-out pods mutated.
@@ -49,7 +49,14 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.list_watch import WatchStream
 from tests.k8s import kwok
-from tests.k8s.burst_webhook import ChartWebhook, HostWebhook, WebhookUnderTest, cpu_of, rss_by_replica
+from tests.k8s.burst_webhook import (
+    ChartWebhook,
+    HostWebhook,
+    WebhookUnderTest,
+    all_metrics,
+    cpu_of,
+    rss_by_replica,
+)
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
 
@@ -408,8 +415,8 @@ def run(
         if len(rss) > 1:
             result["webhook_rss_mib_by_replica"] = rss
         reviews = len(burst.created)
-        if "webhook-kill" not in faults:  # a killed process's CPU is gone with it
-            result["webhook_cpu_ms_per_review"] = round((cpu_of(webhook) - cpu_before) / reviews * 1000, 2)
+        # A killed replica's CPU up to its kill included, and its restart's start-up.
+        result["webhook_cpu_ms_per_review"] = round((cpu_of(webhook) - cpu_before) / reviews * 1000, 2)
 
         startup = [watch.running[k] - burst.created[k] for k in burst.created if k in watch.running]
         scheduling = {
@@ -426,7 +433,8 @@ def run(
         text = "\n".join([*before_restarts, metrics_text if isinstance(metrics_text, str) else ""])
         admission = "apiserver_admission_webhook_admission_duration_seconds"
         match = {"operation": "CREATE", "type": "admit"}
-        own = "\n".join(webhook.metrics())  # the replicas' histograms add up
+        own = all_metrics(webhook)
+        own_family = "ix_gpu_admission_duration_seconds"
         result.update(
             {
                 "pods_created": len(burst.created),
@@ -438,7 +446,11 @@ def run(
                 "admissions_counted": int(buckets_of(text, admission, match).get(float("inf"), 0)),
                 "admission_p50_ms": ms(bucket_quantile(text, admission, 0.5, match)),
                 "admission_p99_ms": ms(bucket_quantile(text, admission, 0.99, match)),
-                "webhook_p99_ms": ms(bucket_quantile(own, "ix_gpu_admission_duration_seconds", 0.99, {})),
+                "webhook_reviews_counted": int(buckets_of(own, own_family, {}).get(float("inf"), 0)),
+                "webhook_reviews_counted_before_kills": int(
+                    buckets_of("\n".join(webhook.killed.metrics), own_family, {}).get(float("inf"), 0)
+                ),
+                "webhook_p99_ms": ms(bucket_quantile(own, own_family, 0.99, {})),
                 "running": len(startup),
                 "startup_p50_ms": ms(quantile(startup, 0.5)),
                 "startup_p99_ms": ms(quantile(startup, 0.99)),

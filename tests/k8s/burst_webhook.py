@@ -1,5 +1,7 @@
 """The webhook a burst runs against, in either of the two forms the tier has, behind one small
-interface: its processes (for CPU and RSS), its own ``/metrics`` and a SIGKILL.
+interface: its processes (for CPU and RSS), its own ``/metrics`` and a SIGKILL. A SIGKILL takes the
+victim's counters and CPU seconds with it, so each form reads both just before the kill and keeps
+them (``killed``): the burst's figures then cover the victim's reviews before it died too.
 
 - :class:`HostWebhook`: one ``ix-gpu webhook`` host process (the fake-cri mini cluster, where pods
   are host processes and nothing runs the chart); a kill is followed by starting it again, as a
@@ -17,6 +19,7 @@ import signal
 import ssl
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,19 +48,37 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+@dataclass
+class KilledReplicas:
+    """What SIGKILLed replicas had counted, read just before each kill (the reviews between that
+    read and the signal, a few milliseconds' worth, are not in it)."""
+
+    metrics: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0
+
+
 class WebhookUnderTest(Protocol):
+    killed: KilledReplicas
+
     def replica_pids(self) -> dict[str, list[int]]:
         """Each replica's processes, by replica name."""
 
     def metrics(self) -> list[str]:
-        """Each replica's own /metrics text."""
+        """Each running replica's own /metrics text (see ``killed`` for the replicas killed)."""
 
     def kill_one(self) -> dict[str, Any]:
         """SIGKILL one replica; returns when it serves again: what happened, with its seconds."""
 
 
 def cpu_of(webhook: WebhookUnderTest) -> float:
-    return sum(cpu_seconds(pid) for pids in webhook.replica_pids().values() for pid in pids)
+    """CPU seconds of the replicas running now, and of those killed up to their kill."""
+    running = sum(cpu_seconds(pid) for pids in webhook.replica_pids().values() for pid in pids)
+    return running + webhook.killed.cpu_s
+
+
+def all_metrics(webhook: WebhookUnderTest) -> str:
+    """The running replicas' /metrics and the killed ones' last, joined: histograms add up."""
+    return "\n".join([*webhook.metrics(), *webhook.killed.metrics])
 
 
 def rss_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
@@ -69,6 +90,7 @@ def rss_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
 class HostWebhook:
     def __init__(self, cluster: MiniCluster) -> None:
         self.webhook = cluster.install_webhook()
+        self.killed = KilledReplicas()
 
     @property
     def process(self) -> Process:
@@ -83,6 +105,8 @@ class HostWebhook:
             return [client.get("/metrics").text]
 
     def kill_one(self) -> dict[str, Any]:
+        self.killed.metrics += self.metrics()
+        self.killed.cpu_s += cpu_seconds(self.process.pid)
         at = time.monotonic()
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.popen.wait()
@@ -99,6 +123,7 @@ class ChartWebhook:
         values["webhook"] = {"replicas": replicas}
         self.release = Release(cluster, build_helm(), work, values)
         self.replicas = replicas
+        self.killed = KilledReplicas()
         started = time.monotonic()
         result = self.release.helm(
             "install", RELEASE, str(CHART), "--create-namespace", "-f", str(self.release.values_file()),
@@ -120,20 +145,23 @@ class ChartWebhook:
         return {p["metadata"]["name"]: container_pids(p, "webhook") for p in self.pods() if _ready(p)}
 
     def metrics(self) -> list[str]:
+        return [self._metrics_of(pod) for pod in self.pods()]
+
+    def _metrics_of(self, pod: dict[str, Any]) -> str:
         port = self.release.values.get("webhook", {}).get("port", 8443)
-        texts = []
-        for pod in self.pods():
-            url = f"https://{pod['status']['podIP']}:{port}/metrics"
-            with urllib.request.urlopen(url, timeout=10, context=self._tls) as response:
-                texts.append(response.read().decode())
-        return texts
+        url = f"https://{pod['status']['podIP']}:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10, context=self._tls) as response:
+            return str(response.read().decode())
 
     def kill_one(self) -> dict[str, Any]:
         (victim, *_) = sorted(self.pods(), key=lambda p: str(p["metadata"]["name"]))
         name = victim["metadata"]["name"]
         restarts = _restarts(victim)
+        pids = container_pids(victim, "webhook")
+        self.killed.metrics.append(self._metrics_of(victim))
+        self.killed.cpu_s += sum(cpu_seconds(pid) for pid in pids)
         at = time.monotonic()
-        os.kill(container_pids(victim, "webhook")[0], signal.SIGKILL)
+        os.kill(pids[0], signal.SIGKILL)
 
         def back() -> bool:
             try:
