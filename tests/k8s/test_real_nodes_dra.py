@@ -72,6 +72,8 @@ ALLOCATION_LABEL = "ix-gpu.io/gpu.allocation"
 CONFIG_LABEL = "ix-gpu.io/device-plugin.config"
 SHARED = "shared4"
 """gpu-b's per-node config: its chips shared in 4 memory shares (sharing.timeSlicing.replicas)."""
+SHARED_BOARDS = "shared2"
+"""gpu-a's per-node config for one test: every board and chip shared in 2 memory shares."""
 INJECTED = "ix-gpu.io/injected"
 NODES = {spec.name: spec for spec in REAL_NODES}
 
@@ -79,10 +81,12 @@ NODES = {spec.name: spec for spec in REAL_NODES}
 def dra_values(images: Images) -> dict[str, Any]:
     values = real_node_chart_values(images)
     # Pods asking iluvatar.com/gpu, unchanged, get it from DRA where no device plugin offers it.
-    values["dra"] = {"enabled": True, "extendedResourceName": RESOURCE}
+    # Boards beside chips on shared nodes too (gpu-b's one-chip boards are one device either way).
+    values["dra"] = {"enabled": True, "extendedResourceName": RESOURCE, "partitionableShares": True}
     values["plugin"]["config"] = {"flags": {"splitboard": True}}
     values["plugin"]["nodeConfigs"] = {
-        SHARED: {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": 4}}}
+        name: {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": replicas}}}
+        for name, replicas in ((SHARED, 4), (SHARED_BOARDS, 2))
     }
     # CDI for the device plugin too, so a node relabelled for it serves pods through CDI.
     values["plugin"]["deviceListStrategy"] = "cdi"
@@ -397,6 +401,111 @@ def test_three_memory_shares_of_one_chip_run_and_a_fourth_that_does_not_fit_wait
     pod = get_pod(api, namespace, "big")
     assert pod is not None and pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
     request_ok(api, "DELETE", ns)
+
+
+def test_a_share_of_a_whole_board_runs_on_both_its_chips_and_keeps_its_chips_from_others(
+    release: Release,
+) -> None:
+    """Partitions and shares together on real nodes (chart ``dra.partitionableShares``): gpu-a is
+    given per-node config ``shared2`` and its DRA plugin restarted, so every BI-V150 board and
+    chip is published shared in 2 (32 GiB board shares, 16 GiB chip shares), each still consuming
+    its board's counters. A pod with one share of a board runs with both chips and is told
+    16 GiB of each; a second pod's share of the same board runs beside it (the board's counters
+    are charged once); a claim for a chip of that board stays Pending with the scheduler's
+    reason. gpu-a goes back to its config afterwards."""
+    api = release.api
+    namespace = f"dra-board-share-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    set_node_config(release, "gpu-a", SHARED_BOARDS)
+    try:
+        wait_until(
+            lambda: all(d.get("allowMultipleAllocations") for d in devices(release, "gpu-a").values()),
+            "gpu-a's boards and chips published shared",
+            60,
+            interval=0.5,
+            details=lambda: json.dumps(devices(release, "gpu-a"))[-2000:],
+        )
+        found = devices(release, "gpu-a")
+        assert list(found) == published_names(NODES["gpu-a"]), found
+        policy = {"default": "32Gi", "validRange": {"min": "32Gi", "max": "64Gi", "step": "32Gi"}}
+        assert found["board-0"]["capacity"] == {"memory": {"value": "64Gi", "requestPolicy": policy}}
+        assert found["board-0"]["consumesCounters"][0]["counterSet"] == "board-0", found["board-0"]
+        assert found["gpu-1"]["capacity"]["memory"]["requestPolicy"]["default"] == "16Gi", found["gpu-1"]
+        assert found["gpu-1"]["consumesCounters"][0]["counterSet"] == "board-0", found["gpu-1"]
+        on_board = wait_until(lambda: free_board(release, "gpu-a"), "a free board on gpu-a", 60, interval=1)
+        attribute = f'device.attributes["{DRIVER}"]'
+        same_board = f'{attribute}.board == "{on_board}"'
+        any_form = f"any.{DRIVER}"
+        for name, form in (("board", f"{attribute}.wholeBoard"), ("chip", f"{attribute}.chips == 1")):
+            request_ok(api, "POST", templates, claim_template(name, f"{form} && {same_board}", any_form))
+        names = ("board-1", "board-2")
+        for name in names:
+            request_ok(api, "POST", f"{ns}/pods", claim_pod(name, release.image, template="board"))
+        pods = [wait_running(api, namespace, name, timeout=120) for name in names]
+        shares = set()
+        for pod in pods:
+            device, claim = allocated_device(release, namespace, pod)
+            assert pod["spec"]["nodeName"] == "gpu-a" and device.startswith("board-"), device
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["consumedCapacity"] == {"memory": "32Gi"}, result
+            shares.add((device, result["shareID"]))
+            first = int(device.removeprefix("board-"))
+            lines = check_output(release, namespace, pod["metadata"]["name"])
+            assert lines[0] == f"given: /dev/iluvatar{first} /dev/iluvatar{first + 1}", lines
+            visible = next(line for line in lines if line.startswith("IX_VISIBLE_DEVICES="))
+            assert len(visible.split(",")) == 2, visible
+            (spec_file,) = [p for p in cdi_specs("gpu-a") if claim["metadata"]["uid"] in p.name]
+            env = json.loads(spec_file.read_text())["containerEdits"]["env"]
+            # One figure per visible chip: the board's 32 GiB share is 16 GiB of each.
+            assert "IX_GPU_MEMORY_SHARE_MIB=16384,16384" in env, env
+        assert len({device for device, _ in shares}) == 1 and len(shares) == 2, shares
+        request_ok(api, "POST", f"{ns}/pods", claim_pod("chip", release.image, template="chip"))
+        event = scheduling_failure(api, namespace, "chip", timeout=90)
+        print(f"\na chip of a board whose shares are held, FailedScheduling: {event['message']}")
+        assert "cannot allocate all claims" in event["message"], event["message"]
+        pod = get_pod(api, namespace, "chip")
+        assert pod is not None and pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+    finally:
+        request_ok(api, "DELETE", ns)
+        set_node_config(release, "gpu-a", None)
+    wait_until(
+        lambda: not any("allowMultipleAllocations" in d for d in devices(release, "gpu-a").values()),
+        "gpu-a's devices published unshared again",
+        60,
+        interval=0.5,
+    )
+
+
+def replace_dra_plugin(release: Release, node: str) -> None:
+    """Delete ``node``'s DRA plugin pod and wait for the DaemonSet's new one to be ready."""
+    (plugin,) = [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == node]
+    request_ok(
+        release.api, "DELETE", f"/api/v1/namespaces/{RELEASE_NAMESPACE}/pods/{plugin['metadata']['name']}"
+    )
+
+    def replaced() -> bool:
+        pods = [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == node]
+        return (
+            bool(pods)
+            and pods[0]["metadata"]["uid"] != plugin["metadata"]["uid"]
+            and all(s.get("ready") for s in pods[0]["status"].get("containerStatuses", [{}]))
+        )
+
+    wait_until(replaced, f"{node}'s DRA plugin pod replaced and running", 120, interval=0.5)
+
+
+def set_node_config(release: Release, node: str, config: str | None) -> None:
+    """Label ``node`` for per-node config ``config`` (None: the default) and restart its DRA
+    plugin, which reads the label at start."""
+    status, reply = release.api.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        {"metadata": {"labels": {CONFIG_LABEL: config}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, reply
+    replace_dra_plugin(release, node)
 
 
 def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip(release: Release) -> None:
@@ -743,18 +852,7 @@ def test_the_plugin_restarted_between_prepare_and_unprepare_still_cleans_up(rele
     (spec_file,) = [p for p in cdi_specs("gpu-b") if p.name == f"iluvatar.com-gpu-claim-{uid}.json"]
     checkpoint = TIER_ROOT / "gpu-b" / "kubelet" / "plugins" / DRIVER / "checkpoint.json"
     assert uid in checkpoint.read_text()
-    (plugin,) = [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == "gpu-b"]
-    request_ok(api, "DELETE", f"/api/v1/namespaces/ix-gpu-system/pods/{plugin['metadata']['name']}")
-
-    def replaced() -> bool:
-        pods = [p for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == "gpu-b"]
-        return (
-            bool(pods)
-            and pods[0]["metadata"]["uid"] != plugin["metadata"]["uid"]
-            and all(s.get("ready") for s in pods[0]["status"].get("containerStatuses", [{}]))
-        )
-
-    wait_until(replaced, "gpu-b's DRA plugin pod replaced and running", 120, interval=0.5)
+    replace_dra_plugin(release, "gpu-b")
     assert spec_file.exists(), "a restart alone must not unprepare"
     request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
     wait_until(lambda: not spec_file.exists(), "the claim's CDI spec removed by unprepare", 120, interval=0.5)
