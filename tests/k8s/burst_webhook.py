@@ -151,7 +151,7 @@ class ChartWebhook:
         port = self.release.values.get("webhook", {}).get("port", 8443)
         url = f"https://{pod['status']['podIP']}:{port}/metrics"
         with urllib.request.urlopen(url, timeout=10, context=self._tls) as response:
-            return str(response.read().decode())
+            return response.read().decode()
 
     def kill_one(self) -> dict[str, Any]:
         (victim, *_) = sorted(self.pods(), key=lambda p: str(p["metadata"]["name"]))
