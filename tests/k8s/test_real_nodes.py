@@ -189,14 +189,23 @@ def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(releas
     """The chart's node ValidatingAdmissionPolicy, with a token of the device plugin's
     ServiceAccount bound to its pod on gpu-a (naming gpu-a, as the pod's projected token does): the
     plugin's own label writes went through (the install test saw the labels), and this token is
-    refused another node, another label, an annotation and a taint."""
+    refused another node, another label, an annotation, an ownerReference (to a missing owner, which
+    would have the garbage collector delete the node), a finalizer, other metadata, a taint, the
+    status, and deleting the node."""
     api = release.api
     token = release.pod_token("device-plugin", "gpu-a")
 
-    def patch(node: str, change: dict[str, Any]) -> tuple[int, Any]:
-        return api.request(
-            "PATCH", f"/api/v1/nodes/{node}", change, token=token, content_type="application/merge-patch+json"
-        )
+    def patch(node: str, change: dict[str, Any], subresource: str = "") -> tuple[int, Any]:
+        path = f"/api/v1/nodes/{node}{subresource}"
+        return api.request("PATCH", path, change, token=token, content_type="application/merge-patch+json")
+
+    missing = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "gone",
+        "uid": "00000000-0000-0000-0000-000000000000",
+    }
+    condition = {"type": "Ready", "status": "False", "reason": "Spoofed", "lastHeartbeatTime": None}
 
     count = request_ok(api, "GET", "/api/v1/nodes/gpu-a")["metadata"]["labels"]["ix-gpu.io/gpu.count"]
     status, reply = patch("gpu-a", {"metadata": {"labels": {"ix-gpu.io/gpu.count": count}}})
@@ -206,11 +215,22 @@ def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(releas
         "another label": patch("gpu-a", {"metadata": {"labels": {"ix-gpu.io/gpu.allocation": "dra"}}}),
         "an annotation": patch("gpu-a", {"metadata": {"annotations": {"x": "y"}}}),
         "a taint": patch("gpu-a", {"spec": {"taints": [{"key": "k", "effect": "NoExecute"}]}}),
+        "an ownerReference": patch("gpu-a", {"metadata": {"ownerReferences": [missing]}}),
+        "a finalizer": patch("gpu-a", {"metadata": {"finalizers": ["ix-gpu.io/hold"]}}),
+        "other metadata": patch("gpu-a", {"metadata": {"generateName": "gpu-"}}),
+        "the status": patch("gpu-a", {"status": {"conditions": [condition]}}, "/status"),
+        "deleting it": api.request("DELETE", "/api/v1/nodes/gpu-a", token=token),
     }
     print("\n" + "\n".join(f"{what}: {status} {str(r)[:200]}" for what, (status, r) in refused.items()))
     for what, (status, reply) in refused.items():
         assert status in (403, 422), (what, status, reply)
     assert "may change only that node" in str(refused["another node"][1])
+    assert "ownerReferences, finalizers or other metadata" in str(refused["an ownerReference"][1])
+    # Through the node itself, the apiserver drops a status change before any admission sees it.
+    print("the status, through the node:", patch("gpu-a", {"status": {"capacity": {"ix-gpu.io/x": "1"}}})[0])
+    node = request_ok(api, "GET", "/api/v1/nodes/gpu-a")
+    assert not node["metadata"].get("ownerReferences") and not node["metadata"].get("finalizers")
+    assert "ix-gpu.io/x" not in node["status"]["capacity"]
 
 
 def test_webhook_pods_run_as_non_root_read_only_with_their_memory_limit_and_pass_probes(
