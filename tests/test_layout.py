@@ -110,6 +110,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         (
             "ix_gpu.runtime.kube",
             "ix_gpu.runtime.list_watch",
+            "ix_gpu.runtime.watched_cache",
             "ix_gpu.node.backends.ixml",
             "ix_gpu.node.backends.nvml",
             "ix_gpu.node.backends.devfs",

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
 from ix_gpu.devicemodel.allocation import NodeFacts
-from ix_gpu.runtime.list_watch import ApiListWatch, WatchedCache
+from ix_gpu.runtime.list_watch import ApiListWatch
+from ix_gpu.runtime.watched_cache import WatchedCache
 
 if TYPE_CHECKING:
     from ix_gpu.runtime.kube import ApiServer

@@ -50,6 +50,11 @@ class FakeApiServer:
     get_delay: float = 0.0
     watch_gone_http: bool = False
     """Answer the next watch with HTTP 410 instead of an ERROR event."""
+    always_gone: bool = False
+    """Answer every list and watch with HTTP 410 (a storm: an apiserver or proxy gone wrong)."""
+    silent_watches: bool = False
+    """Accept watches, then send nothing and keep them open (not even the end at timeoutSeconds)
+    until this is cleared: a connection that a proxy or a wedged apiserver left hanging."""
     claims: dict[str, dict[tuple[str, str], dict[str, Any]]] = field(
         default_factory=lambda: {path: {} for path in CLAIM_PATHS.values()}
     )
@@ -201,7 +206,7 @@ class FakeApiServer:
         with self._cond:
             key = "watch" if path == NAMESPACES else f"watch {path}"
             self.calls[key] = self.calls.get(key, 0) + 1
-            gone_http, self.watch_gone_http = self.watch_gone_http, False
+            gone_http, self.watch_gone_http = self.watch_gone_http or self.always_gone, False
         if gone_http:
             _send_status(handler, 410, "Expired", "too old resource version")
             return
@@ -215,6 +220,10 @@ class FakeApiServer:
         deadline = time.monotonic() + timeout
         sent = since
         try:
+            with self._cond:
+                while self.silent_watches and not self._closing:
+                    self._cond.wait(0.1)
+                    deadline = time.monotonic() + timeout
             while True:
                 final = False
                 with self._cond:
@@ -303,6 +312,9 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     timeout = float(query.get("timeoutSeconds") or 30)
                     api._watch(self, since, timeout, url.path)
                     self.close_connection = True
+                elif api.always_gone:
+                    api._list_body(url.path)  # counted as a list
+                    _send_status(self, 410, "Expired", "The provided continue parameter is too old")
                 else:
                     _send_json(self, 200, api._list_body(url.path))
                 return

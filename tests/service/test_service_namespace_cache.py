@@ -145,6 +145,48 @@ def test_errors_back_off_and_recover(
     assert cache.ready()
 
 
+def test_a_410_storm_relists_with_backoff_not_as_fast_as_the_server_answers(
+    cache: NamespaceCache, api: FakeApiServer
+) -> None:
+    """Every list and watch answered 410 for 2 s: the cache waits between re-lists (0.05 s doubling
+    to 0.2 s here, with jitter), where it used to re-list as fast as the server answered."""
+    before = api.count("list")
+    api.always_gone = True
+    time.sleep(2.0)
+    storm = api.count("list") - before
+    api.always_gone = False
+    assert 2 <= storm <= 16, storm
+    api.put("after-storm")
+    wait_until(lambda: cache.cached("after-storm") is not None, "re-listed after the storm", 10, interval=0.02)
+    assert cache.ready()
+
+
+def test_a_silent_watch_turns_the_cache_stale_and_not_ready_until_it_hears_again(
+    api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics
+) -> None:
+    """The watch is accepted and then says nothing, not even its end: no error, yet the cache
+    stops hearing. Past ``max_staleness`` it is not ready (the webhook's /readyz fails), and
+    its status says stale; the first event heard makes it ready again."""
+    api.silent_watches = True
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    watched = NamespaceListWatch(api_server(str(kubeconfig)))
+    cache = NamespaceCache(watched, metrics=metrics, watch_timeout=30, backoff=(0.05, 0.2), max_staleness=0.5)
+    cache.start()
+    try:
+        assert cache.wait_synced(10) and cache.ready()
+        wait_until(lambda: not cache.ready(), "stale", 5, interval=0.02)
+        status = cache.status()
+        assert status["stale"] is True and status["synced"] is True and status["lastError"] is None
+        assert status["stalenessSeconds"] > 0.5 and status["maxStalenessSeconds"] == 0.5
+        assert api.count("list") == 1 and api.count("watch") == 1
+        api.silent_watches = False
+        api.put("heard")
+        wait_until(lambda: cache.cached("heard") is not None, "the event", 10, interval=0.02)
+        assert cache.ready() and cache.status()["stale"] is False
+    finally:
+        cache.stop()
+
+
 def test_miss_is_answered_by_a_direct_get(
     cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
 ) -> None:

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.devicemodel.allocation import Verdict, device_plugin_verdict
-from ix_gpu.runtime.list_watch import ApiGone, ApiListWatch, WatchedCache
+from ix_gpu.runtime.list_watch import ApiGone, ApiListWatch
+from ix_gpu.runtime.watched_cache import WatchedCache
 
 if TYPE_CHECKING:
     from ix_gpu.node.node_config import NodeLabelReader

@@ -33,8 +33,8 @@ from ix_gpu.runtime.list_watch import (
     PARTIAL_METADATA,
     ApiListWatch,
     ListWatchApi,
-    WatchedCache,
 )
+from ix_gpu.runtime.watched_cache import WatchedCache
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.service.metrics import ServiceMetrics
 
@@ -196,8 +196,11 @@ class NamespaceCache(WatchedCache):
         watch_timeout: int = 300,
         backoff: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
+        max_staleness: float | None = None,
     ) -> None:
-        super().__init__(api, watch_timeout=watch_timeout, backoff=backoff, clock=clock)
+        super().__init__(
+            api, watch_timeout=watch_timeout, backoff=backoff, clock=clock, max_staleness=max_staleness
+        )
         self._namespaces = api
         self._metrics = metrics
         self._counters: dict[str, Any] = {}
