@@ -17,13 +17,16 @@ class ScriptedApi:
     """Lists nothing; each watch does the next step of ``steps``: ``fail`` at once, ``held``
     (opens, stays open ``held_for`` seconds, then breaks), and after the script, stays open."""
 
-    def __init__(self, steps: list[str], held_for: float) -> None:
+    def __init__(self, steps: list[str], held_for: float, clock: list[float] | None = None) -> None:
         self._steps = iter(steps)
         self._held_for = held_for
         self._closed = threading.Event()
+        self._clock = clock
         self.watch_times: list[float] = []
+        self.lists = 0
 
     def list(self) -> tuple[list[Any], str]:
+        self.lists += 1
         return [], "1"
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
@@ -35,6 +38,10 @@ class ScriptedApi:
         if step == "held":
             time.sleep(self._held_for)
             raise ConnectionResetError("cut after holding")
+        if step == "silent":  # says nothing for a long while (on the test's clock), then breaks
+            assert self._clock is not None
+            self._clock[0] += self._held_for
+            raise ConnectionResetError("cut after a silence")
         self._closed.wait()
 
     def close(self) -> None:
@@ -62,3 +69,20 @@ def test_the_backoff_starts_afresh_after_a_watch_that_held() -> None:
     assert gaps[5] < 0.35 + 0.3, gaps
     # ... and the failure after it doubles from there.
     assert gaps[6] < 0.3, gaps
+
+
+def test_a_cache_stale_past_half_its_bound_relists_instead_of_resuming_its_watch() -> None:
+    """Resuming would leave the cache stale (its replica not ready) until the next bookmark, a
+    minute later; past half of ``max_staleness`` the next attempt lists, which is heard at once."""
+    now = [1000.0]
+    api = ScriptedApi(["fail", "silent", "fail"], held_for=10.0, clock=now)
+    cache = Cache(api, backoff=(0.01, 0.05), clock=lambda: now[0], max_staleness=8.0)
+    cache.start()
+    try:
+        wait_until(lambda: len(api.watch_times) >= 4, "the script played", 10, interval=0.01)
+    finally:
+        cache.stop()
+    # The first failure came fresh from the list: the watch resumed. After the 10 s silence the
+    # cache was stale past 4 s: it listed again, and was ready at once.
+    assert api.lists == 2, api.lists
+    assert cache.ready()

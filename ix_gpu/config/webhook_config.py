@@ -119,6 +119,13 @@ class EnvMode(StrEnum):
     """Treat the value as a ``:``-separated list and put ours first unless already present."""
     APPEND_PATH = "append-path"
     """As prepend-path, but ours goes last."""
+    PREPEND_PATH_IF_SET = "prepend-path-if-set"
+    """As prepend-path where the container's spec sets the variable; where it does not, nothing is
+    added, so a value the image's ``ENV`` sets (which the webhook cannot see, and which any
+    container ``env`` entry would replace) stands. For drivers the node puts in the container's
+    linker cache: the device plugin with ``deviceListStrategy: cdi``, and DRA."""
+    APPEND_PATH_IF_SET = "append-path-if-set"
+    """As prepend-path-if-set, but ours goes last."""
     OVERRIDE = "override"
     """Always set our value."""
 

@@ -162,12 +162,18 @@ class WatchedCache:
                 if self._stopping.is_set():
                     break
                 self._failed(exc)
-                need_list = need_list or not self._resource_version
+                # Resuming the watch would leave the cache stale until the next bookmark (a
+                # minute); past half its bound a re-list makes it fresh at once when the server is back.
+                need_list = need_list or not self._resource_version or self._half_stale()
             if self._watch_held():
                 delay = self._backoff[0]
             self._opened_at = None
             self._stopping.wait(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self._backoff[1])
+
+    def _half_stale(self) -> bool:
+        bound = self._max_staleness
+        return bound is not None and self.staleness_seconds() > bound / 2
 
     def _watch_held(self) -> bool:
         opened = self._opened_at

@@ -45,8 +45,8 @@ def profile(**extra: Any) -> dict[str, Any]:
         ),
         (
             {"profiles": [profile(env=[{"name": "A", "value": "1", "mode": "prepend"}])]},
-            "profiles[0].env[0].mode: Input should be 'set-if-absent', 'prepend-path', 'append-path' or "
-            "'override'",
+            "profiles[0].env[0].mode: Input should be 'set-if-absent', 'prepend-path', 'append-path', "
+            "'prepend-path-if-set', 'append-path-if-set' or 'override'",
         ),
         ({"profiles": [profile(privileged="yes")]}, "profiles[0].privileged"),
         ({"profiles": [profile(), profile()]}, "duplicate profile name 'p'"),

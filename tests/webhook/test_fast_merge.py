@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ix_gpu.config.webhook_config import WebhookConfig, default_config, load_config
+from ix_gpu.config.webhook_config import WebhookConfig, default_config, load_config, parse_config
 from ix_gpu.webhook.core import compiled_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import MutationResult, NamespaceFacts
@@ -38,7 +38,16 @@ def _compiled(config: WebhookConfig, fast: bool) -> CompiledConfig:
         return CompiledConfig(config)
 
 
-CONFIGS = [default_config(), load_config(SEED_CONFIG)]
+def _if_set(config: WebhookConfig) -> WebhookConfig:
+    """``config`` with every path env merged only into a value the container sets."""
+    data = config.model_dump(mode="json", by_alias=True)
+    for profile in data["profiles"]:
+        for var in profile["env"]:
+            var["mode"] = var["mode"].replace("path", "path-if-set") if "path" in var["mode"] else var["mode"]
+    return parse_config(data, "if-set")
+
+
+CONFIGS = [default_config(), load_config(SEED_CONFIG), _if_set(default_config())]
 PAIRS = [(_compiled(c, True), _compiled(c, False)) for c in CONFIGS]
 
 

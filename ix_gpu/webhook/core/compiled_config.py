@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ix_gpu.config.webhook_config import Privileged, Profile, WebhookConfig, Workload
+from ix_gpu.config.webhook_config import EnvMode, Privileged, Profile, WebhookConfig, Workload
 from ix_gpu.webhook.core.injection_record import item_digest, item_ref
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.
@@ -44,6 +44,10 @@ class InjectedEnv:
     members costs several times a string comparison, and this is checked per GPU container."""
 
 
+IF_SET_MODES = frozenset((EnvMode.PREPEND_PATH_IF_SET.value, EnvMode.APPEND_PATH_IF_SET.value))
+"""Env modes that merge into a variable the container's spec sets and add none where it sets none."""
+
+
 class ContainerFast:
     """What one profile gives a container that holds none of its mounts or env yet: the common
     case, done in one pass (see ``container_injection.merge_container``). Only for profiles that never
@@ -56,10 +60,13 @@ class ContainerFast:
         self.volume_names = frozenset(v.name for v in volumes)
         self.mount_paths = frozenset(v.mount["mountPath"] for v in volumes)
         self.mounts = tuple(v.mount for v in volumes)
+        # A variable of an if-set mode is never added: it only makes a container that sets it
+        # take the general merge (its name is looked for), which merges into the user's value.
+        added = tuple(e for e in env if e.mode not in IF_SET_MODES)
         self.env_names = frozenset(e.name for e in env)
-        self.env = tuple((e.name, e.value) for e in env)
+        self.env = tuple((e.name, e.value) for e in added)
         self.mine = {
-            (mounts_listed, env_listed): _mine(volumes, env, mounts_listed, env_listed)
+            (mounts_listed, env_listed): _mine(volumes, added, mounts_listed, env_listed)
             for mounts_listed in (False, True)
             for env_listed in (False, True)
         }

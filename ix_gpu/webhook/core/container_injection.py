@@ -13,7 +13,7 @@ from typing import Any
 from ix_gpu.config.text import shown
 from ix_gpu.config.webhook_config import EnvMode, Privileged
 from ix_gpu.webhook.core import patch_ops
-from ix_gpu.webhook.core.compiled_config import ContainerFast, InjectedEnv
+from ix_gpu.webhook.core.compiled_config import IF_SET_MODES, ContainerFast, InjectedEnv
 from ix_gpu.webhook.core.gpu_requests import GpuContainer
 from ix_gpu.webhook.core.injection_record import TemplateRecord
 from ix_gpu.webhook.core.injection_run import InjectionDenied, InjectionRun, last_by, last_index, same
@@ -124,7 +124,8 @@ def _label(where: str, container: GpuContainer) -> str:
 
 _OVERRIDE = EnvMode.OVERRIDE.value
 _SET_IF_ABSENT = EnvMode.SET_IF_ABSENT.value
-_PREPEND_PATH = EnvMode.PREPEND_PATH.value
+_PREPEND = frozenset((EnvMode.PREPEND_PATH.value, EnvMode.PREPEND_PATH_IF_SET.value))
+_IF_SET = IF_SET_MODES
 _NEVER = Privileged.NEVER.value
 _REQUIRED = Privileged.REQUIRED.value
 
@@ -134,7 +135,7 @@ def _path_merge(current: str, ours: str, mode: str) -> str:
     missing = [p for p in ours.split(":") if p and p not in parts]
     if not missing:
         return current
-    return ":".join(missing + parts) if mode == _PREPEND_PATH else ":".join(parts + missing)
+    return ":".join(missing + parts) if mode in _PREPEND else ":".join(parts + missing)
 
 
 def _merged_value(current: str, var: InjectedEnv) -> str:
@@ -165,6 +166,8 @@ def _merge_env(
                 item["value"] = _merged_value(item["value"], var)
                 continue
             i = last_index(entries, "name", var.name)
+            if i < 0 and var.mode in _IF_SET:
+                continue  # the image's value, if any, stands: a container entry would replace it
             if i < 0:
                 appended_at[var.name] = len(appended)
                 appended.append({"name": var.name, "value": var.value})
