@@ -157,7 +157,9 @@ def test_a_410_storm_relists_with_backoff_not_as_fast_as_the_server_answers(
     api.always_gone = False
     assert 2 <= storm <= 16, storm
     api.put("after-storm")
-    wait_until(lambda: cache.cached("after-storm") is not None, "re-listed after the storm", 10, interval=0.02)
+    wait_until(
+        lambda: cache.cached("after-storm") is not None, "re-listed after the storm", 10, interval=0.02
+    )
     assert cache.ready()
 
 

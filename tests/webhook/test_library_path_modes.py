@@ -36,7 +36,9 @@ def admit(obj: dict[str, Any], compiled: CompiledConfig) -> tuple[dict[str, Any]
 
 
 def env_of(obj: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in obj["spec"]["containers"][0].get("env", [])}
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in obj["spec"]["containers"][0].get("env", [])
+    }
 
 
 @pytest.mark.parametrize("with_env_list", [False, True], ids=["no env", "other env"])
