@@ -11,6 +11,11 @@ claim, as :meth:`ApiServer.request` opens, cost the plugin 3 ms of CPU and the k
 Prepare latency per claim on the benchmark's machine (``bench/dra_bench.py``), against 0.3 ms and
 1 ms kept alive. The token is still read on every request and the CA files on every new connection
 (:meth:`ApiServer.ssl_context`), and connections idle for ``idle_s`` are closed.
+
+Each claim of a NodePrepareResources call stands alone: whatever one claim's read or parse does,
+it ends in a :class:`ClaimError` for that claim, with a reason from :data:`FAILURE_REASONS`, and
+the other claims of the call are prepared. The reason is the label the failure is counted under
+(``ix_gpu_dra_prepare_failures_total``), a small fixed set so that an alert can name one.
 """
 
 from __future__ import annotations
@@ -22,16 +27,52 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 from urllib.parse import quote, urlsplit
 
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.kube import ApiError, ApiServer
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 
+FailureReason = Literal[
+    "invalid",
+    "refused",
+    "read",
+    "parse",
+    "replaced",
+    "not_allocated",
+    "other_pool",
+    "no_device",
+    "cdi",
+    "write",
+    "internal",
+]
+"""Why a claim was not prepared (or unprepared):
+
+* ``invalid``: the kubelet's reference is no claim (a uid that cannot name a file);
+* ``refused``: this node's GPUs are not the driver's to hand out now (its allocation label);
+* ``read``: the API server could not be asked, answered an error, or its answer broke off;
+* ``parse``: the answer is not JSON, or not a claim's shape;
+* ``replaced``: the claim under that name has another uid (deleted and created again);
+* ``not_allocated``: the claim has no allocation yet;
+* ``other_pool``: a device of ours allocated from another node's pool;
+* ``no_device``: an allocated device this node does not have now;
+* ``cdi``: the devices make no valid CDI spec;
+* ``write``: the CDI spec or the checkpoint could not be written (or removed);
+* ``internal``: anything else, a bug: logged with its traceback.
+"""
+FAILURE_REASONS: tuple[FailureReason, ...] = get_args(FailureReason)
+UNPREPARE_FAILURE_REASONS: tuple[FailureReason, ...] = ("invalid", "write", "internal")
+"""The reasons NodeUnprepareResources can meet: it reads nothing."""
+
 
 class ClaimError(Exception):
-    """The claim cannot be prepared; the message is what the kubelet shows in the pod's events."""
+    """The claim cannot be prepared; the message is what the kubelet shows in the pod's events,
+    ``reason`` what it is counted as."""
+
+    def __init__(self, message: str, reason: FailureReason) -> None:
+        super().__init__(message)
+        self.reason: FailureReason = reason
 
 
 @dataclass(frozen=True)
@@ -62,11 +103,20 @@ def claim_path(ref: ClaimRef) -> str:
 
 
 def read_claim(api: ApiServer, ref: ClaimRef) -> dict[str, Any]:
-    """GET the claim; ``OSError`` when the API server cannot be asked."""
-    claim = api.request("GET", claim_path(ref))
+    """GET the claim, as :meth:`ClaimReader.read` does, through :meth:`ApiServer.request`."""
+    try:
+        claim = api.request("GET", claim_path(ref))
+    except ApiError as exc:
+        if isinstance(exc.__cause__, ValueError):  # the request's own parse failed
+            raise _not_json(ref, exc.__cause__) from None
+        raise
     if not isinstance(claim, dict):
-        raise ClaimError(f"claim {ref}: the API server answered no object")
+        raise ClaimError(f"claim {ref}: the API server answered no object", "parse")
     return claim
+
+
+def _not_json(ref: ClaimRef, exc: ValueError) -> ClaimError:
+    return ClaimError(f"claim {ref}: the API server's answer is not JSON: {exc}"[:500], "parse")
 
 
 class ClaimReader:
@@ -89,8 +139,10 @@ class ClaimReader:
         """Connections opened so far."""
 
     def read(self, ref: ClaimRef) -> dict[str, Any]:
-        """The claim; ``OSError`` when the API server cannot be asked or answers an error
-        (``urllib.error.HTTPError``, as from :meth:`ApiServer.request`)."""
+        """The claim. ``OSError`` when the API server cannot be asked, answers an error
+        (``urllib.error.HTTPError``) or its answer breaks off (:class:`ApiError`, as from
+        :meth:`ApiServer.request`: ``http.client`` raises no ``OSError`` for a cut body);
+        :class:`ClaimError` (``parse``) when the answer is no JSON object."""
         if not self.direct:
             return read_claim(self.api, ref)
         path = claim_path(ref)
@@ -98,11 +150,13 @@ class ClaimReader:
             connection, reused = self._take()
             try:
                 status, reason, headers, raw = self._get(connection, self._prefix + path)
-            except (ConnectionError, http.client.BadStatusLine):
+            except (ConnectionError, http.client.HTTPException) as exc:
                 connection.close()
-                if reused and attempt == 0:
+                if reused and attempt == 0 and isinstance(exc, (ConnectionError, http.client.BadStatusLine)):
                     continue  # the server closed the idle connection first: a GET may be retried
-                raise
+                if isinstance(exc, OSError):
+                    raise
+                raise ApiError(f"GET {path}: {type(exc).__name__}: {exc!r}"[:500]) from exc
             except BaseException:
                 connection.close()
                 raise
@@ -110,9 +164,12 @@ class ClaimReader:
             if status >= 300:
                 url = f"{self.api.base_url}{path}"
                 raise urllib.error.HTTPError(url, status, reason, headers, None)
-            claim = json.loads(raw) if raw else None
+            try:
+                claim = json.loads(raw) if raw else None
+            except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+                raise _not_json(ref, exc) from None
             if not isinstance(claim, dict):
-                raise ClaimError(f"claim {ref}: the API server answered no object")
+                raise ClaimError(f"claim {ref}: the API server answered no object", "parse")
             return claim
         raise AssertionError("unreachable")
 
@@ -163,15 +220,30 @@ class ClaimReader:
 MAX_CLAIM_BYTES = 4 << 20  # = ApiServer.request's default cap
 
 
+def _object(value: Any, ref: ClaimRef, where: str) -> dict[str, Any]:
+    """What the claim holds at ``where``, where an object belongs (absent: empty). Anything else
+    is a claim this code cannot read, said as such rather than failing with an AttributeError."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ClaimError(f"claim {ref}: its {where} is a {type(value).__name__}, not an object", "parse")
+    return value
+
+
 def allocated(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) -> list[Allocated]:
     """The results of ``claim`` that this driver prepares on this node, in the claim's order."""
-    uid = (claim.get("metadata") or {}).get("uid")
+    uid = _object(claim.get("metadata"), ref, "metadata").get("uid")
     if uid != ref.uid:
-        raise ClaimError(f"claim {ref}: the API server has uid {uid!r}, the kubelet asked for another claim")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, dict):
-        raise ClaimError(f"claim {ref} is not allocated")
-    results = (allocation.get("devices") or {}).get("results") or []
+        raise ClaimError(
+            f"claim {ref}: the API server has uid {uid!r}, the kubelet asked for another claim", "replaced"
+        )
+    allocation = _object(claim.get("status"), ref, "status").get("allocation")
+    if allocation is None:
+        raise ClaimError(f"claim {ref} is not allocated", "not_allocated")
+    devices = _object(allocation, ref, "status.allocation").get("devices")
+    results = _object(devices, ref, "status.allocation.devices").get("results") or []
+    if not isinstance(results, list):
+        raise ClaimError(f"claim {ref}: its allocation results are not a list", "parse")
     found = []
     for result in results:
         if not isinstance(result, dict) or result.get("driver") != driver:
@@ -179,7 +251,8 @@ def allocated(claim: dict[str, Any], ref: ClaimRef, driver: str, pool: str) -> l
         device, result_pool = str(result.get("device", "")), str(result.get("pool", ""))
         if result_pool != pool:
             raise ClaimError(
-                f"claim {ref}: device {device} is in pool {result_pool!r}, not this node's {pool!r}"
+                f"claim {ref}: device {device} is in pool {result_pool!r}, not this node's {pool!r}",
+                "other_pool",
             )
         share = result.get("shareID")
         consumed = result.get("consumedCapacity")

@@ -33,8 +33,18 @@ it. Pods can also share a GPU by sharing one ResourceClaim, on any cluster.
 
 Names (:mod:`ix_gpu.node.devices.dra_names`): a chip device is ``gpu-<index>`` and a board device
 ``board-<index of its first chip>`` (a one-chip board is ``gpu-<index>`` when partitionable, as
-it is a chip too). The UUID is an attribute, which is what a selector should
-match on when it means one physical GPU.
+it is a chip too).
+
+Identity: ``uuid`` names the device itself, so a selector on it matches one device. A one-chip
+device (a chip, or a one-chip board) carries that chip's UUID, which is what a selector should
+match on when it means one physical GPU. A device of several chips (a whole board) carries
+:func:`board_uuid`, ``board-<UUID of its first chip>``: its own, unique in the cluster as the
+chip's is, and never a chip's, so ``uuid == "<a chip's UUID>"`` through the catch-all DeviceClass
+selects that chip and not the board that holds it (the board would give away its neighbour too).
+The attribute stays on every device because a CEL lookup of an attribute a device lacks is a
+runtime error that fails the claim's allocation rather than skipping the device. ``board`` is
+the backend's board identifier, equal on a board and its chips: ``board == "<id>" && wholeBoard``
+selects a board, ``board == "<id>" && chips == 1`` its chips.
 
 Attribute names without a domain belong to the driver's domain: CEL sees ``product`` as
 ``device.attributes["gpu.iluvatar.com"].product``. The PCI bus ID and NUMA node use the names
@@ -144,6 +154,21 @@ def dra_devices(
     return tuple(out)
 
 
+BOARD_UUID_PREFIX = "board-"
+
+
+def board_uuid(phys: PhysicalDevice) -> str:
+    """A multi-chip device's own ``uuid``: derived from its first chip's, which makes it unique in
+    the cluster, and prefixed, so that no selector on a chip's UUID matches it (module doc). The
+    form libixml's board identifiers take, so on Iluvatar nodes it equals the ``board`` attribute."""
+    return f"{BOARD_UUID_PREFIX}{phys.chips[0].uuid}"
+
+
+def device_uuid(phys: PhysicalDevice) -> str:
+    """The ``uuid`` attribute: the chip's UUID for one chip, :func:`board_uuid` for several."""
+    return phys.chips[0].uuid if len(phys.chips) == 1 else board_uuid(phys)
+
+
 def _string(value: str) -> dict[str, Any]:
     return {"string": value[:MAX_STRING]}
 
@@ -156,7 +181,7 @@ def attributes(device: DraDevice, vendor: Vendor) -> dict[str, Any]:
         "vendor": _string(vendor.name),
         # The node label's value, so one name selects a model both ways.
         "product": _string(gpu_product_value(phys.product)),
-        "uuid": _string(phys.id),
+        "uuid": _string(device_uuid(phys)),
         "index": {"int": min(chip.index for chip in phys.chips)},
         "board": _string(phys.board_id),
         "chips": {"int": len(phys.chips)},

@@ -1,10 +1,11 @@
 """The DRA plugin's Prometheus metrics, written by :mod:`ix_gpu.runtime.text_metrics` (the same
 small writer as the device plugin's, for the same reason: this process runs on every DRA node).
 
-Two kinds: counters of what happened between scrapes (claims prepared and unprepared, and how long
-a prepare took), kept in :class:`DraMetrics`; and gauges of the plugin's state (registered with
-the kubelet, publishing, devices by health, API and loop failures), read off the running plugin at
-each scrape (:class:`DraState`), so no second copy of that state can drift from the first.
+Two kinds: counters of what happened between scrapes (claims prepared and unprepared, the failures
+by reason, and how long a prepare took), kept in :class:`DraMetrics`; and gauges of the plugin's
+state (registered with the kubelet, publishing, devices by health, API and loop failures), read off
+the running plugin at each scrape (:class:`DraState`), so no second copy of that state can drift
+from the first.
 
 Every series exists from the start (counters at 0): an alert on ``rate()`` or ``increase()`` sees
 the first failure, and "registered" reads 0 before the kubelet has answered.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ix_gpu.dra.claims import FAILURE_REASONS, UNPREPARE_FAILURE_REASONS
 from ix_gpu.runtime.text_metrics import Counter, Family, Gauge, Histogram, render
 
 RESULTS = ("success", "error")
@@ -41,9 +43,23 @@ class DraMetrics:
             "Time to prepare one claim (read it, write its CDI spec and the checkpoint)",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0),
         )
+        self.prepare_failures = Counter(
+            "ix_gpu_dra_prepare_failures",
+            "Claims NodePrepareResources failed to prepare, by reason (each is also a prepares error)",
+            ["reason"],
+        )
+        self.unprepare_failures = Counter(
+            "ix_gpu_dra_unprepare_failures",
+            "Claims NodeUnprepareResources failed to unprepare, by reason (each is also an unprepares error)",
+            ["reason"],
+        )
         for result in RESULTS:
             self.prepares.labels(result=result)
             self.unprepares.labels(result=result)
+        for reason in FAILURE_REASONS:
+            self.prepare_failures.labels(reason=reason)
+        for reason in UNPREPARE_FAILURE_REASONS:
+            self.unprepare_failures.labels(reason=reason)
 
 
 @dataclass(frozen=True)
@@ -95,7 +111,9 @@ def render_metrics(metrics: DraMetrics, state: DraState) -> bytes:
         ),
         devices,
         metrics.prepares,
+        metrics.prepare_failures,
         metrics.unprepares,
+        metrics.unprepare_failures,
         metrics.prepare_seconds,
         api_errors,
         crashes,

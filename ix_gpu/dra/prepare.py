@@ -95,27 +95,28 @@ class Preparer:
 
     def spec_path(self, uid: str) -> Path:
         if not _UID.fullmatch(uid):
-            raise ClaimError(f"claim uid {uid[:80]!r} is not a Kubernetes uid")
+            raise ClaimError(f"claim uid {uid[:80]!r} is not a Kubernetes uid", "invalid")
         return self.cdi_dir / f"{self.vendor.resource_name.replace('/', '-')}-claim-{uid}.json"
 
     def prepare(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
-        """The claim's devices with their CDI IDs; :class:`ClaimError` says why not."""
+        """The claim's devices with their CDI IDs; :class:`ClaimError` says why not, and its
+        reason is one of :data:`ix_gpu.dra.claims.FAILURE_REASONS` (the servicer counts it)."""
         path = self.spec_path(ref.uid)
         with self._lock:
             known = self.checkpoint.claims.get(ref.uid)
             if known is not None and (not known.spec_file or Path(known.spec_file).exists()):
                 return known.devices
         if (why := self.refusal()) is not None:
-            raise ClaimError(f"claim {ref}: not preparing it: {why}")
+            raise ClaimError(f"claim {ref}: not preparing it: {why}", "refused")
         try:
             claim = self.read_claim(ref)
         except OSError as exc:
-            raise ClaimError(f"claim {ref}: cannot read it from the API server: {exc}") from None
+            raise ClaimError(f"claim {ref}: cannot read it from the API server: {exc}", "read") from None
         results = allocated(claim, ref, self.driver, self.pool)
         inventory = self.devices()
         missing = [r.device for r in results if r.device not in inventory]
         if missing:
-            raise ClaimError(f"claim {ref}: device {missing[0]} is not on this node now")
+            raise ClaimError(f"claim {ref}: device {missing[0]} is not on this node now", "no_device")
         ours: dict[str, DraDevice] = {r.device: inventory[r.device] for r in results}
         prepared = tuple(
             PreparedDevice(
@@ -151,7 +152,7 @@ class Preparer:
                 self.checkpoint.save()
             except OSError as exc:
                 what = f"{exc.filename or path}: {exc.strerror or exc}"
-                raise ClaimError(f"claim {ref}: cannot write {what}") from None
+                raise ClaimError(f"claim {ref}: cannot write {what}", "write") from None
         log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared) or "no devices of ours")
         return prepared
 
@@ -166,7 +167,7 @@ class Preparer:
         try:
             spec = cdi_spec(listed, self.vendor, self.control_nodes(), driver_root=self.driver_root)
         except CdiError as exc:
-            raise ClaimError(str(exc)) from None
+            raise ClaimError(str(exc), "cdi") from None
         visible = ",".join(chip.uuid for d in devices for chip in d.physical.chips)
         edits = spec.setdefault("containerEdits", {})
         edits["env"] = [*edits.get("env", []), f"{self.vendor.visible_devices_env}={visible}"]
@@ -176,12 +177,19 @@ class Preparer:
         return spec
 
     def unprepare(self, uid: str) -> None:
-        """Remove the claim's spec and record; ``OSError`` when the spec cannot be removed."""
+        """Remove the claim's spec and record; :class:`ClaimError` (``invalid``, ``write``) when
+        the uid is none or the spec or checkpoint cannot be written."""
         path = self.spec_path(uid)
         with self._lock:
             known = self.checkpoint.claims.get(uid)
-            Path(known.spec_file if known is not None and known.spec_file else path).unlink(missing_ok=True)
+            spec = Path(known.spec_file if known is not None and known.spec_file else path)
+            try:
+                spec.unlink(missing_ok=True)
+                if known is not None:
+                    del self.checkpoint.claims[uid]
+                    self.checkpoint.save()
+            except OSError as exc:
+                what = f"{exc.filename or spec}: {exc.strerror or exc}"
+                raise ClaimError(f"claim {uid}: cannot unprepare it: {what}", "write") from None
             if known is not None:
-                del self.checkpoint.claims[uid]
-                self.checkpoint.save()
                 log.info("unprepared claim %s/%s (%s)", known.namespace, known.name, uid)

@@ -2,8 +2,10 @@
 
 Thin on purpose: protobuf in, :class:`ix_gpu.dra.prepare.Preparer` calls, protobuf out. Each claim
 runs in a worker thread, since reading it from the API server blocks, and the claims of one call
-run side by side. A failing claim gets its error in its own entry of the answer; the call itself
-fails only for a request that is not one.
+run side by side. A failing claim gets its error in its own entry of the answer, whatever failed
+(an exception nobody foresaw included), and is counted by reason (:data:`ix_gpu.dra.claims.
+FAILURE_REASONS`); the other claims of the call are prepared all the same. The kubelet retries
+only the claims whose entry has an error. The call itself fails only for a request that is not one.
 """
 
 from __future__ import annotations
@@ -59,6 +61,21 @@ def _device(prepared: PreparedDevice) -> dra.Device:
     return device
 
 
+def _failure(exc: Exception, what: str) -> ClaimError:
+    """``exc`` as a :class:`ClaimError`: itself, or for anything unforeseen an ``internal`` one,
+    logged with its traceback (a bug to find, which the kubelet's event alone would not show)."""
+    if isinstance(exc, ClaimError):
+        return exc
+    log.error("%s failed unexpectedly", what, exc_info=exc)
+    return ClaimError(f"{what}: internal error: {type(exc).__name__}: {exc}"[:1000], "internal")
+
+
+def _error_text(failure: ClaimError) -> str:
+    """What the kubelet puts in the pod's events: the message and the reason it is counted under,
+    so that an event and a rise of ``ix_gpu_dra_prepare_failures_total`` can be matched."""
+    return f"{failure} (reason: {failure.reason})"
+
+
 class DraServicer(DRAPluginBase):
     def __init__(self, preparer: Preparer, metrics: DraMetrics | None = None) -> None:
         self.preparer = preparer
@@ -69,10 +86,12 @@ class DraServicer(DRAPluginBase):
         started = time.monotonic()
         try:
             devices = await asyncio.to_thread(self.preparer.prepare, ref)
-        except ClaimError as exc:
-            log.warning("prepare failed: %s", exc)
+        except Exception as exc:  # one claim's failure, whatever it is, is not its neighbours'
+            failure = _failure(exc, f"prepare of claim {ref}")
+            log.warning("prepare failed: %s", failure)
             self.metrics.prepares.labels(result="error").inc()
-            return dra.NodePrepareResourceResponse(error=str(exc))
+            self.metrics.prepare_failures.labels(reason=failure.reason).inc()
+            return dra.NodePrepareResourceResponse(error=_error_text(failure))
         self.metrics.prepare_seconds.observe(time.monotonic() - started)
         self.metrics.prepares.labels(result="success").inc()
         return dra.NodePrepareResourceResponse(devices=[_device(d) for d in devices])
@@ -80,10 +99,12 @@ class DraServicer(DRAPluginBase):
     async def _unprepare_one(self, claim: dra.Claim) -> dra.NodeUnprepareResourceResponse:
         try:
             await asyncio.to_thread(self.preparer.unprepare, claim.uid)
-        except (ClaimError, OSError) as exc:
-            log.warning("unprepare of claim %s/%s failed: %s", claim.namespace, claim.name, exc)
+        except Exception as exc:  # as in prepare: this claim's answer, not the call's
+            failure = _failure(exc, f"unprepare of claim {claim.namespace}/{claim.name} ({claim.uid})")
+            log.warning("unprepare of claim %s/%s failed: %s", claim.namespace, claim.name, failure)
             self.metrics.unprepares.labels(result="error").inc()
-            return dra.NodeUnprepareResourceResponse(error=str(exc))
+            self.metrics.unprepare_failures.labels(reason=failure.reason).inc()
+            return dra.NodeUnprepareResourceResponse(error=_error_text(failure))
         self.metrics.unprepares.labels(result="success").inc()
         return dra.NodeUnprepareResourceResponse()
 

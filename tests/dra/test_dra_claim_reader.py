@@ -120,3 +120,27 @@ def test_threads_each_get_a_connection_and_at_most_keep_stay(
         answers = list(pool.map(lambda _: reader.read(REF)["metadata"]["uid"], range(60)))
     assert answers == ["uid-1"] * 60
     assert 1 <= reader.opened <= 60 and len(reader._idle) <= 2
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_cut_answer_is_an_oserror_and_one_not_json_a_parse_error_both_ways(
+    api_with_claim: tuple[FakeResourceApi, ApiServer], direct: bool
+) -> None:
+    """Kept-alive or through :meth:`ApiServer.request` (a proxy): ``http.client`` raises no
+    ``OSError`` for a body cut short, and ``json`` a ``ValueError``; the preparer counts the first
+    as ``read``, the second as ``parse``. Through :meth:`ApiServer.request` a cut body reaches the
+    parser (``HTTPResponse.read(amt)`` returns what came, short of Content-Length, without a word),
+    so it is a ``parse`` failure there."""
+    fake, api = api_with_claim
+    reader = ClaimReader(api)
+    reader.direct = direct
+    path = f"{RESOURCE}/namespaces/default/resourceclaims/claim"
+    fake.faults[path] = "cut"
+    with pytest.raises(OSError if direct else ClaimError, match="IncompleteRead" if direct else "not JSON"):
+        reader.read(REF)
+    fake.faults[path] = "junk"
+    with pytest.raises(ClaimError, match="not JSON") as junk:
+        reader.read(REF)
+    assert junk.value.reason == "parse"
+    del fake.faults[path]
+    assert reader.read(REF)["metadata"]["uid"] == "uid-1"  # and the reader still works

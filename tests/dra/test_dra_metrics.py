@@ -19,6 +19,7 @@ from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import pluginregistration_v1_pb2 as reg
 from ix_gpu.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from ix_gpu.dra.app import DraApp
+from ix_gpu.dra.claims import FAILURE_REASONS
 from ix_gpu.dra.metrics import DraMetrics, DraState, render_metrics
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.text_metrics import CONTENT_TYPE
@@ -57,6 +58,10 @@ def test_every_series_is_there_from_the_start_at_zero() -> None:
     for result_ in ("success", "error"):
         assert found[("ix_gpu_dra_prepares_total", (("result", result_),))] == 0
         assert found[("ix_gpu_dra_unprepares_total", (("result", result_),))] == 0
+    for reason in FAILURE_REASONS:  # tests/dra/test_dra_prepare_failures.py counts them
+        assert found[("ix_gpu_dra_prepare_failures_total", (("reason", reason),))] == 0
+    for reason in ("invalid", "write", "internal"):
+        assert found[("ix_gpu_dra_unprepare_failures_total", (("reason", reason),))] == 0
     for call in ("node_read", "slice_write"):
         assert found[("ix_gpu_dra_api_errors_total", (("call", call),))] == 0
     for health in ("Healthy", "Unhealthy"):
@@ -104,6 +109,7 @@ def test_metrics_and_healthz_follow_registration_prepares_and_health(
     assert found[("ix_gpu_dra_registered", ())] == 1
     assert found[("ix_gpu_dra_prepares_total", (("result", "success"),))] == 1
     assert found[("ix_gpu_dra_prepares_total", (("result", "error"),))] == 1
+    assert found[("ix_gpu_dra_prepare_failures_total", (("reason", "read"),))] == 1  # the 404
     assert found[("ix_gpu_dra_unprepares_total", (("result", "success"),))] == 1
     assert found[("ix_gpu_dra_prepare_duration_seconds_count", ())] == 1  # successes are timed
     assert health_after == (200, "text/plain; charset=utf-8", "ok\n")

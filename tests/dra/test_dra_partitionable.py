@@ -9,12 +9,14 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
+import cel
 import pytest
 
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.api import dra_v1_pb2 as dra
-from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
+from ix_gpu.dra.devices import board_uuid, counter_sets, dra_devices, slice_devices
 from ix_gpu.dra.slices import MAX_COUNTER_SLICES, SlicePublisher
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.runtime.kube import ApiServer
@@ -76,6 +78,59 @@ def test_each_multi_chip_board_is_the_board_and_its_chips_consuming_one_counter_
         ("gpu-2", True, True),
     ]
     assert counter_sets(plain) == []
+
+
+def _cel_input(entry: dict[str, Any]) -> dict[str, Any]:
+    """A slice entry as a CEL selector sees it: attributes grouped by domain, the driver's for the
+    names without one."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for name, value in entry["attributes"].items():
+        domain, _, short = name.rpartition("/")
+        grouped.setdefault(domain or DRIVER, {})[short] = next(iter(value.values()))
+    return {"device": {"driver": DRIVER, "attributes": grouped}}
+
+
+def _selected(expression: str, entries: list[dict[str, Any]]) -> list[str]:
+    """The names of the entries ``expression`` selects; a CEL error (an attribute a device lacks)
+    fails the test, as it fails the claim's allocation in the scheduler."""
+    return [e["name"] for e in entries if cel.evaluate(expression, _cel_input(e)) is True]
+
+
+@pytest.mark.parametrize("shares", [1, 4])
+@pytest.mark.parametrize("splitboard", [True, False])
+def test_a_chips_uuid_selects_that_chip_and_never_its_board(splitboard: bool, shares: int) -> None:
+    """A board used to carry its first chip's uuid: a claim selecting that chip by uuid through the
+    catch-all DeviceClass could be given the whole board, its neighbour chip with it."""
+    chips = [_chip(0, "b0"), _chip(1, "b0"), _chip(2, "b1", 1), _chip(4, "b2"), _chip(5, "b2")]
+    devices = dra_devices(chips, splitboard=splitboard, partitionable=True, shares=shares)
+    entries = slice_devices(devices, ILUVATAR, DRIVER)
+    uuid = f'device.attributes["{DRIVER}"].uuid'
+    for chip in chips:
+        holders = [e for e in entries if e["attributes"]["uuid"] == {"string": chip.uuid}]
+        assert [(e["name"], e["attributes"]["chips"]) for e in holders] == [(f"gpu-{chip.index}", {"int": 1})]
+        assert _selected(f'{uuid} == "{chip.uuid}"', entries) == [f"gpu-{chip.index}"]
+    boards = {e["name"]: e["attributes"]["uuid"]["string"] for e in entries if e["name"].startswith("board-")}
+    assert boards == {"board-0": "board-GPU-0000", "board-4": "board-GPU-0004"}
+    assert _selected(f'{uuid} == "board-GPU-0004"', entries) == ["board-4"]  # a board is selectable too
+    uuids = [e["attributes"]["uuid"]["string"] for e in entries]
+    assert len(set(uuids)) == len(uuids)
+    # A board's chips are found by its board identifier, which they share.
+    board = f'device.attributes["{DRIVER}"].board == "b2"'
+    assert _selected(f'{board} && device.attributes["{DRIVER}"].chips == 1', entries) == ["gpu-4", "gpu-5"]
+
+
+def test_a_plain_whole_board_carries_its_own_uuid_and_no_chips() -> None:
+    """Without partitions and with ``splitboard: false`` no chip is published: a chip's uuid
+    selects nothing rather than the board (which is also what the device plugin's board is)."""
+    chips = [_chip(0, "b0"), _chip(1, "b0"), _chip(2, "b1", 1)]
+    devices = dra_devices(chips, splitboard=False)
+    entries = slice_devices(devices, ILUVATAR, DRIVER)
+    assert {e["name"]: e["attributes"]["uuid"]["string"] for e in entries} == {
+        "board-0": board_uuid(devices[0].physical),
+        "board-2": "GPU-0002",  # a one-chip board is that chip
+    }
+    assert devices[0].physical.id == "GPU-0000"  # the device plugin's name for the board is unchanged
+    assert _selected(f'device.attributes["{DRIVER}"].uuid == "GPU-0000"', entries) == []
 
 
 def test_the_pool_is_a_devices_slice_and_a_counter_slice_of_one_generation(

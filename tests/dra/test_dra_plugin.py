@@ -197,7 +197,8 @@ def test_resource_slice_lists_chips_or_boards(
     assert first["attributes"] == {
         "vendor": {"string": "iluvatar"},
         "product": {"string": "BI-V150"},  # the ix-gpu.io/gpu.product label's value
-        "uuid": {"string": "GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4e00"},
+        # A board's own, never its first chip's (tests/dra/test_dra_partitionable.py)
+        "uuid": {"string": f"{'' if chips == 1 else 'board-'}GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4e00"},
         "index": {"int": 0},
         "board": {"string": "board0"},
         "chips": {"int": chips},
