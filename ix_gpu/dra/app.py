@@ -96,7 +96,8 @@ class DraSettings:
     """The node's config label when the config was picked (None: none, or not readable)."""
     metrics_port: int | None = None
     """Port of /healthz and /metrics (None: not served)."""
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "::"
+    """Where they listen; ``::``: both IP families (:func:`ix_gpu.runtime.guarded_http.listen_socket`)."""
 
     @property
     def dra_socket(self) -> Path:
@@ -358,13 +359,14 @@ class DraApp:
         await asyncio.to_thread(self.node_reader.wait_synced, FIRST_ANSWER_WAIT)
         await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
         if self.settings.metrics_port is not None:
-            from ix_gpu.runtime.agent_http import start_http_server
+            from ix_gpu.runtime.agent_http import address_text, start_http_server
 
             host, port = self.settings.metrics_host, self.settings.metrics_port
             try:
                 self.http_server = await start_http_server(self, host, port)
             except OSError as exc:  # in use, or not an address of this host: say which, once
-                log.error("cannot serve /healthz and /metrics on %s:%d: %s", host, port, exc.strerror or exc)
+                where = address_text(host, port)
+                log.error("cannot serve /healthz and /metrics on %s: %s", where, exc.strerror or exc)
                 await asyncio.to_thread(self.node_reader.stop)
                 self.backend.close()
                 return 1

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import UsageError, add_log_level, interval_seconds, port_number, set_env_name
+from ix_gpu.runtime.usage import (
+    UsageError,
+    add_log_level,
+    interval_seconds,
+    listen_address,
+    port_number,
+    set_env_name,
+)
 
 if TYPE_CHECKING:
     from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
@@ -157,9 +164,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     dra.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default="::",
+        type=listen_address,
         metavar="ADDRESS",
-        help="address /healthz and /metrics listen on (default 0.0.0.0, every IPv4 address)",
+        help="address /healthz and /metrics listen on (default ::, every address of both IP families, "
+        "or 0.0.0.0 where the kernel has no IPv6; an address such as 0.0.0.0 binds its family only)",
     )
     dra.add_argument(
         "--kubeconfig",

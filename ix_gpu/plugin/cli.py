@@ -13,7 +13,13 @@ import argparse
 from typing import Any
 
 from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import add_log_level, interval_seconds_or_off, port_number, set_env_name
+from ix_gpu.runtime.usage import (
+    add_log_level,
+    interval_seconds_or_off,
+    listen_address,
+    port_number,
+    set_env_name,
+)
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.config.plugin_config.DEFAULT_PATH, without pydantic
@@ -72,9 +78,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     plugin.add_argument(
         "--metrics-host",
-        default="0.0.0.0",
+        default="::",
+        type=listen_address,
         metavar="ADDRESS",
-        help="address /healthz and /metrics listen on (default 0.0.0.0, every IPv4 address; "
+        help="address /healthz and /metrics listen on (default ::, every address of both IP families, "
+        "or 0.0.0.0 where the kernel has no IPv6; an address such as 0.0.0.0 binds its family only, "
         "e.g. the pod IP from the downward API where pods share a network namespace)",
     )
     plugin.add_argument(

@@ -20,6 +20,7 @@ import logging
 from typing import Protocol
 
 from ix_gpu.runtime.guarded_http import Answer, HttpLimits, Route, start_guarded_http
+from ix_gpu.runtime.guarded_http import address_text as address_text  # the agents' error messages
 from ix_gpu.runtime.text_metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ def routes(agent: HealthSource) -> dict[str, Route]:
 async def start_http_server(
     agent: HealthSource, host: str, port: int, limits: HttpLimits | None = None
 ) -> asyncio.Server:
+    """Serve ``agent`` on ``host`` (``::``: both IP families, see
+    :func:`~ix_gpu.runtime.guarded_http.listen_socket`); :class:`OSError` when it cannot listen."""
     server = await start_guarded_http(routes(agent), (host, port), limits=limits)
-    log.info("serving /healthz and /metrics on %s:%d", host, port)
+    bound = server.sockets[0].getsockname()  # the family and port it got, not the ones asked for
+    log.info("serving /healthz and /metrics on %s", address_text(bound[0], bound[1]))
     return server

@@ -27,6 +27,12 @@ step, so the newcomer always takes the slot of the oldest connection instead of 
 After an answer the server stops sending (FIN) and discards what the client still sends for up to
 ``linger`` seconds before closing: closing a socket with unread bytes makes the kernel send a
 reset, which can destroy the answer before the client reads it (a 414 to a 70 KB request line).
+
+Every listener of ix-gpu (this server's, and the webhook's HTTPS port, whose socket uvicorn is
+handed) is bound by :func:`listen_socket`, so what ``::`` means is decided once: every address of
+both IP families, from one dual-stack socket, because a cluster may be IPv4-only, IPv6-only or
+dual-stack and the kubelet's probes and Prometheus dial the pod's primary address, whichever
+family that is.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 from ix_gpu.runtime.connection_slots import ConnectionSlots
 
@@ -58,6 +64,10 @@ _REASONS = {
 _TEXT = "text/plain; charset=utf-8"
 
 log = logging.getLogger(__name__)
+
+ANY_ADDRESS = "::"
+"""The default listen address: every address of both IP families (of IPv4 alone where the kernel
+has no IPv6). An explicit address, ``0.0.0.0`` included, binds that address's family only."""
 
 
 class HttpLimits(NamedTuple):
@@ -215,12 +225,80 @@ async def start_guarded_http(
     limits: HttpLimits | None = None,
     on_refused: OnRefused | None = None,
 ) -> asyncio.Server:
-    """Serve ``routes`` (path -> answer) on ``where``: a (host, port) to bind, or a bound socket.
+    """Serve ``routes`` (path -> answer) on ``where``: a (host, port) to bind with
+    :func:`listen_socket`, or a bound socket.
 
     ``on_refused(reason)`` is called for each request or connection a limit ended: ``request_line``,
     ``header_size``, ``header_timeout``, or a :class:`ConnectionSlots` refusal reason."""
     server = _Server(routes, limits or HttpLimits(), on_refused or (lambda _reason: None))
-    loop = asyncio.get_running_loop()
-    if isinstance(where, socket.socket):
-        return await loop.create_server(server.connection, sock=where)
-    return await loop.create_server(server.connection, *where)
+    sock = where if isinstance(where, socket.socket) else listen_socket(*where)
+    try:
+        return await asyncio.get_running_loop().create_server(server.connection, sock=sock)
+    except BaseException:
+        if sock is not where:
+            sock.close()
+        raise
+
+
+def address_text(host: str, port: int) -> str:
+    """``host:port`` as a URL writes it (``[::]:9401``), so an IPv6 address in a message is not
+    misread as a longer address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _stream_socket(family: socket.AddressFamily) -> socket.socket:
+    """A new TCP socket. Kept apart because this is the step that fails (EAFNOSUPPORT) for AF_INET6
+    on a kernel booted with ``ipv6.disable=1``, where ``socket.has_ipv6`` still says True: that
+    describes how Python was built, not the running kernel."""
+    return socket.socket(family, socket.SOCK_STREAM)
+
+
+def _dual_stack_socket() -> socket.socket:
+    """An AF_INET6 socket that also accepts IPv4 (clients seen as ``::ffff:a.b.c.d``). IPV6_V6ONLY
+    is turned off here rather than left to the host's ``net.ipv6.bindv6only``, which some
+    distributions set to 1: ``::`` would then silently stop answering IPv4."""
+    sock = _stream_socket(socket.AF_INET6)
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listening(sock: socket.socket, address: tuple[Any, ...], backlog: int) -> socket.socket:
+    """Bind ``sock`` and listen, closing it on failure so a refused address leaks no descriptor."""
+    try:
+        # A restart while the old process's connections sit in TIME_WAIT must not find the port
+        # "in use" (asyncio and socket.create_server do the same).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_socket(host: str, port: int, *, backlog: int = 100) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` (port 0: a free one), for every ix-gpu listener.
+
+    ``::`` (:data:`ANY_ADDRESS`) is one dual-stack socket; where the kernel cannot make AF_INET6
+    sockets it is ``0.0.0.0`` instead, with a warning, since an agent that refused to start on an
+    IPv4-only host would fail every probe for a choice nobody made. Which one it got is logged. Only
+    the socket's creation falls back: a port in use stays an error. Any other ``host`` (an IPv4 or
+    IPv6 literal, or a name, of which the first address counts) binds exactly that, its family
+    alone. Raises :class:`OSError` (``socket.gaierror`` for a name that does not resolve)."""
+    if host == ANY_ADDRESS:
+        try:
+            sock = _dual_stack_socket()
+        except OSError as exc:
+            sock = _listening(_stream_socket(socket.AF_INET), ("0.0.0.0", port), backlog)
+            where = address_text("0.0.0.0", sock.getsockname()[1])
+            log.warning("IPv6 unavailable (%s): listening on %s, IPv4 only", exc.strerror or exc, where)
+            return sock
+        sock = _listening(sock, ("::", port), backlog)
+        log.info("listening on %s, IPv6 and IPv4", address_text("::", sock.getsockname()[1]))
+        return sock
+    family, _type, _proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    return _listening(_stream_socket(family), address, backlog)

@@ -137,6 +137,17 @@ def port_number(text: str) -> int:
     return value
 
 
+def listen_address(text: str) -> str:
+    """argparse type for a listen address (``::``, ``0.0.0.0``, ``127.0.0.1``, ``fd00::5``, a name).
+    Brackets are refused rather than stripped: ``[::]`` is URL syntax, and an operator who wrote it
+    in a values file would otherwise get a name lookup error at start instead of this usage error."""
+    if not text or text != text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"expected an address such as :: or 0.0.0.0, got {text!r}")
+    if text.startswith("[") or text.endswith("]"):
+        raise argparse.ArgumentTypeError(f"write an IPv6 address without brackets (e.g. ::), got {text!r}")
+    return text
+
+
 def add_log_level(parser: argparse.ArgumentParser, help_suffix: str = "") -> None:
     """The one ``--log-level`` option (JSON lines on stderr), with the same names in both processes."""
     parser.add_argument(

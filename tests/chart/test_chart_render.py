@@ -835,9 +835,9 @@ def test_webhook_host_network_option() -> None:
     pod = find(render(values), "Deployment", WEBHOOK)["spec"]["template"]["spec"]
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert pod["nodeSelector"] == {**LINUX, "node-role.kubernetes.io/control-plane": ""}
-    # Listening on all of the node's addresses, on the port the Service targets.
+    # Listening on all of the node's addresses (both IP families), on the port the Service targets.
     (container,) = pod["containers"]
-    assert "--host=0.0.0.0" in container["args"]
+    assert "--host=::" in container["args"]
     assert container["ports"][0]["containerPort"] == 8443
     # A surge pod needs the host port on a node of its own; with replicas >= eligible nodes it stays
     # Pending forever and the rollout never ends. So a host-network rollout replaces pods in place.

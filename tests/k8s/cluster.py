@@ -437,8 +437,8 @@ class MiniCluster:
         the host's ``ix-gpu``), the device-plugin directory by hostPath (each node's own: the hostPath
         is resolved in the node's mount namespace), the ix-config and each node's fake devices file
         (``/fake/$(NODE_NAME).yaml``) from ConfigMaps. ``--metrics-port=0``: all pods share the host's
-        network namespace, and the plugin binds 0.0.0.0:PORT, so a second node's plugin would fail
-        with EADDRINUSE."""
+        network namespace, and the plugin binds [::]:PORT (every address), so a second node's plugin
+        would fail with EADDRINUSE."""
         api = self.api
         ns = "/api/v1/namespaces/kube-system"
         wait_until(

@@ -23,7 +23,7 @@ changed after ``helm install``):
 - No GPU: ``plugin.extraEnv`` selects the fake backend (``IX_GPU_BACKEND``) and each node's devices
   file (``IX_GPU_FAKE_DEVICES``, a host path with ``$(NODE_NAME)``; fake-cri's containers see the
   host's files). fake-cri's pods share one network namespace, so each plugin binds /healthz and
-  /metrics on its pod IP (``IX_GPU_METRICS_HOST`` from the downward API) instead of 0.0.0.0.
+  /metrics on its pod IP (``IX_GPU_METRICS_HOST`` from the downward API) instead of ``::``.
 - The Iluvatar driver root (``plugin.driver.root`` and the webhook profile's hostPath) is a
   directory of the test (this machine has no /usr/local/corex).
 - The kubelets' ``syncFrequency`` is 5 s (default 1 min), which bounds how soon a changed ConfigMap

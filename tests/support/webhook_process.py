@@ -52,6 +52,14 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return entries
 
 
+def dialled(url: str) -> str:
+    """``url`` with a wildcard host (``[::]``, ``0.0.0.0``: every address) replaced by 127.0.0.1,
+    the address the test certificates name, where a client on this machine reaches the listener."""
+    for wildcard in ("://[::]:", "://0.0.0.0:"):
+        url = url.replace(wildcard, "://127.0.0.1:")
+    return url
+
+
 class WebhookProcess:
     """``ix-gpu webhook --host 127.0.0.1 --port PORT --cert-dir CERT_DIR [--config] [--kubeconfig] EXTRA``.
 
@@ -105,7 +113,7 @@ class WebhookProcess:
         """``http://HOST:PORT`` of ``--probe-port`` (plain-HTTP /healthz and /readyz), from the log."""
         serving = next(e for e in self.logs() if e.get("msg") == "serving AdmissionReview v1")
         assert serving.get("probes"), "started without --probe-port"
-        return str(serving["probes"])
+        return dialled(str(serving["probes"]))
 
     @property
     def ca_bundle(self) -> bytes:
@@ -130,7 +138,7 @@ class WebhookProcess:
         def serving() -> str | None:
             for entry in self._entries(offset):
                 if entry.get("msg") == "serving AdmissionReview v1":
-                    return str(entry["url"]).removesuffix("/mutate")
+                    return dialled(str(entry["url"]).removesuffix("/mutate"))
             return None
 
         self.url = wait_until(serving, f"{self.name} to serve", timeout, interval=0.05, process=process)

@@ -315,3 +315,19 @@ the core reads them: "name" a map key, "*" every key of a map, "name[*]" every i
 {{- define "ix-gpu.publishedNodeLabels" -}}
 ["ix-gpu.io/gpu.product", "ix-gpu.io/gpu.vendor", "ix-gpu.io/gpu.count", "ix-gpu.io/gpu.memory", "ix-gpu.io/gpu.replicas"]
 {{- end }}
+
+{{/* Listen addresses ------------------------------------------------------------------------- */}}
+
+{{/* One listen-address argument, quoted: a bare `- --host=::` ends in a colon, which YAML reads as
+a mapping key. Empty where the component's extraEnv sets the flag's variable (IX_GPU_METRICS_HOST
+from the downward API was the way to pick an address before listenAddress, and a flag would
+silently win over it). Takes a dict: flag, variable, address, extraEnv. */}}
+{{- define "ix-gpu.listenArg" -}}
+{{- $names := list -}}
+{{- range .extraEnv -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- if not (has .variable $names) -}}
+{{- printf "--%s=%s" .flag .address | quote -}}
+{{- end -}}
+{{- end -}}

@@ -66,7 +66,7 @@ class PluginSettings:
     config_path: Path | None = None
     """Re-read on every health check; ``None`` runs on the defaults."""
     metrics_port: int | None = None
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "::"  # both IP families: ix_gpu.runtime.guarded_http.listen_socket
     node_name: str | None = None
     api_server: ApiServer | None = None
     """Where to publish node labels (``labels.enabled``); ``None`` outside a cluster."""
@@ -451,9 +451,9 @@ class PluginApp:
         self.ready.set()
         http_server = None
         if self.settings.metrics_port is not None:
-            from ix_gpu.runtime.agent_http import start_http_server
+            from ix_gpu.runtime.agent_http import address_text, start_http_server
 
-            address = f"{self.settings.metrics_host}:{self.settings.metrics_port}"
+            address = address_text(self.settings.metrics_host, self.settings.metrics_port)
             try:
                 http_server = await start_http_server(
                     self, self.settings.metrics_host, self.settings.metrics_port

@@ -28,7 +28,14 @@ from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
 from ix_gpu.config.schema_base import parse_yaml
 from ix_gpu.config.text import one_line
 from ix_gpu.config.webhook_config import WebhookConfig, default_config
-from ix_gpu.runtime.guarded_http import Answer, HttpLimits, Route, start_guarded_http
+from ix_gpu.runtime.guarded_http import (
+    Answer,
+    HttpLimits,
+    Route,
+    address_text,
+    listen_socket,
+    start_guarded_http,
+)
 from ix_gpu.runtime.kube import in_cluster
 from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
@@ -204,11 +211,11 @@ def _cluster_sources(
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The shared :func:`listen_socket` (``::``: both IP families), its failure a StartupError."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family, backlog=2048)
+        return listen_socket(host, port, backlog=2048)
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise StartupError(f"cannot listen on {address_text(host, port)}: {exc.strerror or exc}") from None
 
 
 def prepare(options: ServiceOptions) -> Service:

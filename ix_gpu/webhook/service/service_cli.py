@@ -14,6 +14,7 @@ from ix_gpu.runtime.usage import (
     add_log_level,
     interval_seconds,
     interval_seconds_or_off,
+    listen_address,
     port_number,
 )
 from ix_gpu.webhook.service.limit_settings import Limits
@@ -49,7 +50,13 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="directory with tls.crt and tls.key (default: certs)",
     )
     webhook.add_argument(
-        "--host", default="127.0.0.1", metavar="ADDR", help="address to listen on (default: 127.0.0.1)"
+        "--host",
+        default="127.0.0.1",
+        type=listen_address,
+        metavar="ADDR",
+        help="address to listen on: :: is every address of both IP families (0.0.0.0 where the kernel "
+        "has no IPv6), as the chart sets it; any other address binds its family only (default: "
+        "127.0.0.1, for a local run with the development certificates)",
     )
     webhook.add_argument(
         "--port", default=8443, type=port_number, metavar="N", help="port (default: 8443; 0 picks a free one)"
