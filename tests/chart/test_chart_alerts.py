@@ -24,6 +24,7 @@ ALERTS = {
     "IxGpuWebhookAdmissionErrors",
     "IxGpuWebhookLatencyHigh",
     "IxGpuWebhookCertificateExpiring",
+    "IxGpuNamespaceCacheStale",
 }
 
 
@@ -46,6 +47,8 @@ def test_thresholds_come_from_values() -> None:
                 "chipMemoryUsedRatio": 0.8,
                 "admissionP99Seconds": 0.25,
                 "certificateExpiryDays": 30,
+                "namespaceCacheStaleSeconds": 120,
+                "namespaceCacheStaleFor": "1m",
                 "chipTemperatureFor": "2m",
                 "labels": {"release": "kube-prometheus"},
             }
@@ -57,6 +60,8 @@ def test_thresholds_come_from_values() -> None:
     assert str(found["IxGpuChipMemoryNearlyFull"]["expr"]).endswith("> 0.8")
     assert str(found["IxGpuWebhookLatencyHigh"]["expr"]).endswith("> 0.25")
     assert str(found["IxGpuWebhookCertificateExpiring"]["expr"]).endswith("< 30")
+    stale = found["IxGpuNamespaceCacheStale"]
+    assert str(stale["expr"]).endswith("> 120") and stale["for"] == "1m"
     metadata = find(render(values), "PrometheusRule")["metadata"]
     assert metadata["labels"]["release"] == "kube-prometheus"
     with pytest.raises(HelmError, match="chipMemoryUsedRatio"):

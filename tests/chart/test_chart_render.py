@@ -1153,7 +1153,8 @@ def test_service_monitor_scrapes_the_webhook_over_verified_tls_and_the_plugin(mo
     assert (plugin["port"], plugin["scheme"], plugin["path"]) == ("plugin-metrics", "http", "/metrics")
     # Each holder's pod/namespace/container are the plugin's series' own, not the scraped pod's.
     assert plugin["honorLabels"] is True and "honorLabels" not in webhook
-    assert plugin["relabelings"] == [{"action": "labeldrop", "regex": "pod|container"}]
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    assert plugin["relabelings"] == [{"action": "labeldrop", "regex": "pod|container"}, node]
     custom = render(
         merge(values, {"metrics": {"serviceMonitor": {"webhookTlsConfig": {"insecureSkipVerify": True}}}})
     )
@@ -1343,3 +1344,37 @@ def test_uninstall_hook_prunes_the_plugins_node_labels_with_only_list_and_patch_
     # No labels published, nothing to prune: no hook.
     for values in ({"plugin": {"nodeLabels": False}}, {"plugin": {"pruneLabelsOnUninstall": False}}):
         assert "Job" not in kinds(render(values, hooks=True))
+
+
+def _library_path_modes(values: dict[str, Any]) -> list[str]:
+    config = yaml.safe_load(find(render(values), "ConfigMap", WEBHOOK)["data"]["config.yaml"])
+    return [v["mode"] for p in config["profiles"] for v in p["env"] if v["name"] == "LD_LIBRARY_PATH"]
+
+
+@pytest.mark.parametrize(
+    ("values", "kept"),
+    [
+        ({}, False),  # the device plugin's envvar strategy: the variable is the only way
+        ({"plugin": {"deviceListStrategy": "cdi"}}, True),
+        ({"plugin": {"enabled": False}, "dra": {"enabled": True}}, True),
+        ({"plugin": {"deviceListStrategy": "cdi"}, "webhook": {"keepImageLibraryPath": False}}, False),
+        ({"webhook": {"keepImageLibraryPath": True}}, True),
+    ],
+)
+def test_keep_image_library_path_turns_the_path_modes_into_their_if_set_forms(
+    values: dict[str, Any], kept: bool
+) -> None:
+    modes = _library_path_modes(values)
+    assert modes == (["prepend-path-if-set"] if kept else ["prepend-path"]), modes
+    # The webhook loads what the chart renders (the core's own schema accepts the if-set modes).
+    config = find(render(values), "ConfigMap", WEBHOOK)["data"]["config.yaml"]
+    parse_config(yaml.safe_load(config), "rendered")
+
+
+def test_the_webhook_turns_not_ready_past_cache_max_staleness() -> None:
+    args = find(render({"webhook": {"cacheMaxStalenessSeconds": 90}}), "Deployment", WEBHOOK)["spec"][
+        "template"
+    ]["spec"]["containers"][0]["args"]
+    assert "--cache-max-staleness=90" in args
+    default = find(render(), "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--cache-max-staleness=300" in default

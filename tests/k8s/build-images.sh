@@ -8,7 +8,9 @@
 #   ix-gpu  localhost/ix-gpu:<content hash>, built from the project's Dockerfile with buildah;
 #   training-operator  localhost/training-operator:<version>-<hash>: a scratch image holding the
 #           Kubeflow training operator's static binary (build-go-command.sh training-operator), the
-#           TFJob controller that runs the TFJob example for real.
+#           TFJob controller that runs the TFJob example for real;
+#   library-check  localhost/library-check:<hash>: an application image that sets ENV
+#           LD_LIBRARY_PATH for a library of its own (tests/k8s/images/library-check.c), a few MiB.
 #
 #   bash tests/k8s/build-images.sh            # prints the images directory (last stdout line)
 #
@@ -18,7 +20,7 @@
 # name. Each image is keyed by the hash of what it is made from (the recipe below, pause.c, the
 # Dockerfile and the files it copies, the base it starts from), so nothing is rebuilt until that
 # changes; the project image is rebuilt when the project's files change. <cache>/images/images.json
-# names the three archives and references.
+# names the archives and references.
 #
 # pip inside the build reaches the package index only with the host's CA bundle mounted into the
 # build and the host's network (--network host), as an image build in CI would have.
@@ -150,12 +152,44 @@ if [[ "$(label_of "$TO_REF")" != "$TO_KEY" ]]; then
 fi
 TO_ARCHIVE="$(archive "$TO_REF" "$TO_KEY" training-operator)"
 
+# ---------------------------------------------------------------- the library-check image
+# An application image as CUDA-like images are: ENV LD_LIBRARY_PATH=/opt/imglib, where a library
+# of its own is. From scratch, with this host's glibc (its loader and libc), an ld.so.conf and the
+# cache ldconfig makes of them, and /check (images/library-check.c) as its entrypoint: a few MiB,
+# where a layer on the project image would archive all of it again.
+LIBC="$(readlink -f /lib/x86_64-linux-gnu/libc.so.6)"
+LOADER="$(readlink -f /lib64/ld-linux-x86-64.so.2)"
+LC_KEY="$( { cat "$HERE/images/library-check.c" "$HERE/images/image-library.c"; sha256sum <"$LIBC"; } | key_of)"
+LC_REF="localhost/library-check:$LC_KEY"
+if [[ "$(label_of "$LC_REF")" != "$LC_KEY" ]]; then
+    log "library-check: scratch image with this host's glibc"
+    tmp="$(mktemp -d)"
+    root="$tmp/root"
+    mkdir -p "$root/lib/x86_64-linux-gnu" "$root/lib64" "$root/etc/ld.so.conf.d" "$root/opt/imglib" \
+        "$root/proc" "$root/sys" "$root/dev" "$root/tmp"
+    cp "$LIBC" "$root/lib/x86_64-linux-gnu/libc.so.6"
+    cp "$LOADER" "$root/lib64/ld-linux-x86-64.so.2"
+    echo 'include /etc/ld.so.conf.d/*.conf' >"$root/etc/ld.so.conf"
+    gcc -O2 -o "$root/check" "$HERE/images/library-check.c"
+    gcc -O2 -shared -fPIC -Wl,-soname,libimg.so -o "$root/opt/imglib/libimg.so" "$HERE/images/image-library.c"
+    ldconfig -r "$root"
+    ctr="$("${BR[@]}" from scratch)"
+    "${BR[@]}" copy "$ctr" "$root" / >/dev/null
+    "${BR[@]}" config --env LD_LIBRARY_PATH=/opt/imglib --entrypoint '["/check"]' --cmd '' \
+        --annotation "io.ix-gpu.test.key=$LC_KEY" "$ctr"
+    "${BR[@]}" commit -q "$ctr" "$LC_REF" >/dev/null
+    "${BR[@]}" rm "$ctr" >/dev/null
+    rm -rf "$tmp"
+fi
+LC_ARCHIVE="$(archive "$LC_REF" "$LC_KEY" library-check)"
+
 cat >"$OUT/images.json" <<JSON
 {
   "base": {"ref": "$BASE_REF", "key": "$BASE_KEY"},
   "pause": {"ref": "$PAUSE_REF", "archive": "$PAUSE_ARCHIVE"},
   "ix-gpu": {"ref": "$PROJECT_REF", "repository": "$PROJECT_REPO", "tag": "$PROJECT_KEY", "archive": "$PROJECT_ARCHIVE"},
-  "training-operator": {"ref": "$TO_REF", "archive": "$TO_ARCHIVE"}
+  "training-operator": {"ref": "$TO_REF", "archive": "$TO_ARCHIVE"},
+  "library-check": {"ref": "$LC_REF", "archive": "$LC_ARCHIVE"}
 }
 JSON
 log "done: $OUT/images.json"

@@ -834,6 +834,8 @@ class Images:
     project_archive: Path
     training_operator_ref: str
     training_operator_archive: Path
+    library_check_ref: str
+    library_check_archive: Path
     containerd_bin: Path
 
 
@@ -857,6 +859,8 @@ def build_images() -> Images:
         project_archive=Path(data["ix-gpu"]["archive"]),
         training_operator_ref=data["training-operator"]["ref"],
         training_operator_archive=Path(data["training-operator"]["archive"]),
+        library_check_ref=data["library-check"]["ref"],
+        library_check_archive=Path(data["library-check"]["archive"]),
         containerd_bin=Path(last_lines[CONTAINERD_SCRIPT]),
     )
 
@@ -906,7 +910,12 @@ class RealNodes:
             binaries, "control-plane", HOST_ADDRESS, api.kubeconfig, TIER_ROOT, log_dir, []
         )
         images = self.images
-        archives = (images.pause_archive, images.project_archive, images.training_operator_archive)
+        archives = (
+            images.pause_archive,
+            images.project_archive,
+            images.training_operator_archive,
+            images.library_check_archive,
+        )
         for spec in self.specs:
             self.nodes[spec.name] = start_real_node(
                 binaries,

@@ -160,6 +160,15 @@ class Release:
     def image(self) -> str:
         return f"{self.values['image']['repository']}:{self.values['image']['tag']}"
 
+    @property
+    def library_check_image(self) -> str:
+        """An application image with ``ENV LD_LIBRARY_PATH=/opt/imglib`` and a library of its own
+        there (tests/k8s/images/library-check.c): its entrypoint says where each library loads
+        from."""
+        nodes = self.cluster.real_nodes
+        assert nodes is not None and nodes.images is not None
+        return nodes.images.library_check_ref
+
     def helm(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return run_helm(
             self.helm_binary, self.cluster.kubeconfig, self.work, NAMESPACE, *args, timeout=timeout

@@ -27,6 +27,7 @@ CHIP_LABELS = {
     "product": "Iluvatar BI-V150",
 }
 OTHER = 'node="gpu-a",uuid="GPU-2",index="2",board="board1",product="Iluvatar BI-V150"'
+WEBHOOK = 'namespace="ix-gpu-system"'
 
 
 def alert(name: str, eval_time: str, *expected: dict[str, Any]) -> dict[str, Any]:
@@ -62,16 +63,25 @@ UNIT_TESTS: dict[str, Any] = {
                 {"series": f"ix_gpu_chip_memory_total_bytes{{{OTHER}}}", "values": "100x22"},
                 {"series": f"ix_gpu_chip_telemetry_stale{{{CHIP}}}", "values": "0 0 1x20"},
                 {"series": f"ix_gpu_chip_telemetry_stale{{{OTHER}}}", "values": "0x22"},
-                {"series": 'ix_gpu_plugin_registered{pod="ixr-plugin-abcde"}', "values": "1 1 0x20"},
-                {"series": 'ix_gpu_plugin_registered{pod="ixr-plugin-fghij"}', "values": "1x22"},
-                {"series": 'ix_gpu_dra_registered{pod="ixd-dra-abcde"}', "values": "1 1 0x20"},
-                {"series": 'ix_gpu_dra_registered{pod="ixd-dra-fghij"}', "values": "1x22"},
+                {"series": 'ix_gpu_plugin_registered{node="gpu-a"}', "values": "1 1 0x20"},
+                {"series": 'ix_gpu_plugin_registered{node="gpu-b"}', "values": "1x22"},
+                {"series": 'ix_gpu_dra_registered{node="gpu-a"}', "values": "1 1 0x20"},
+                {"series": 'ix_gpu_dra_registered{node="gpu-b"}', "values": "1x22"},
                 # One DRA plugin fails a prepare a minute from minute 2; the other failed 3 long ago.
                 {
-                    "series": 'ix_gpu_dra_prepares_total{pod="ixd-dra-abcde",result="error"}',
+                    "series": 'ix_gpu_dra_prepare_failures_total{node="gpu-a",reason="read"}',
                     "values": "0 0 1+1x20",
                 },
-                {"series": 'ix_gpu_dra_prepares_total{pod="ixd-dra-fghij",result="error"}', "values": "3x22"},
+                {"series": 'ix_gpu_dra_prepare_failures_total{node="gpu-b",reason="read"}', "values": "3x22"},
+                # One webhook replica stops hearing from the API server at minute 2; the other hears.
+                {
+                    "series": f'ix_gpu_namespace_cache_staleness_seconds{{{WEBHOOK},pod="wh-a"}}',
+                    "values": "30 30 400x20",
+                },
+                {
+                    "series": f'ix_gpu_namespace_cache_staleness_seconds{{{WEBHOOK},pod="wh-b"}}',
+                    "values": "30x22",
+                },
                 # Internal errors from minute 2; 100 admissions a minute, 10 of them between 0.5
                 # and 1 s from minute 2 (p99 0.95 s), none before.
                 {
@@ -150,10 +160,9 @@ UNIT_TESTS: dict[str, Any] = {
                     "IxGpuDevicePluginNotRegistered",
                     "8m",
                     {
-                        "exp_labels": {"pod": "ixr-plugin-abcde", "severity": "critical"},
+                        "exp_labels": {"node": "gpu-a", "severity": "critical"},
                         "exp_annotations": {
-                            "summary": "The device plugin on ixr-plugin-abcde is not registered with "
-                            "its kubelet",
+                            "summary": "The device plugin on gpu-a is not registered with its kubelet",
                             "description": "No device-plugin GPU can be allocated on that node until it "
                             "registers again.",
                             "runbook": runbook("IxGpuDevicePluginNotRegistered"),
@@ -165,9 +174,9 @@ UNIT_TESTS: dict[str, Any] = {
                     "IxGpuDraNotRegistered",
                     "8m",
                     {
-                        "exp_labels": {"pod": "ixd-dra-abcde", "severity": "critical"},
+                        "exp_labels": {"node": "gpu-a", "severity": "critical"},
                         "exp_annotations": {
-                            "summary": "The DRA plugin on ixd-dra-abcde is not registered with its kubelet",
+                            "summary": "The DRA plugin on gpu-a is not registered with its kubelet",
                             "description": "Pods with claims on that node's GPUs stay in ContainerCreating "
                             "until it registers.",
                             "runbook": runbook("IxGpuDraNotRegistered"),
@@ -179,9 +188,9 @@ UNIT_TESTS: dict[str, Any] = {
                     "IxGpuDraPrepareFailures",
                     "8m",
                     {
-                        "exp_labels": {"pod": "ixd-dra-abcde", "result": "error", "severity": "warning"},
+                        "exp_labels": {"node": "gpu-a", "reason": "read", "severity": "warning"},
                         "exp_annotations": {
-                            "summary": "The DRA plugin on ixd-dra-abcde fails to prepare claims",
+                            "summary": "The DRA plugin on gpu-a fails to prepare claims (read)",
                             "description": "Claims allocated on that node are refused at "
                             "NodePrepareResources; their pods stay in ContainerCreating. The plugin's log "
                             "and the pods' events say why.",
@@ -200,6 +209,22 @@ UNIT_TESTS: dict[str, Any] = {
                             "description": "Reviews that hit a bug are denied "
                             "(ix_gpu_admission_internal_errors_total); GPU pods are not created.",
                             "runbook": runbook("IxGpuWebhookAdmissionErrors"),
+                        },
+                    },
+                ),
+                alert("IxGpuNamespaceCacheStale", "3m"),
+                alert(
+                    "IxGpuNamespaceCacheStale",
+                    "5m",
+                    {
+                        "exp_labels": {"namespace": "ix-gpu-system", "pod": "wh-a", "severity": "warning"},
+                        "exp_annotations": {
+                            "summary": "ix-gpu webhook wh-a has heard nothing from the API server for 6m 40s",
+                            "description": "Its namespace cache's list or watch is failing or silent "
+                            "(above 300s, metrics.prometheusRule.namespaceCacheStaleSeconds): opt-outs and "
+                            "labels changed since are not seen, and once webhook.cacheMaxStalenessSeconds "
+                            "passes the replica turns not-ready.",
+                            "runbook": runbook("IxGpuNamespaceCacheStale"),
                         },
                     },
                 ),
@@ -263,7 +288,7 @@ def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rendered_rules(rules_dir: Path) -> None:
     result = run_promtool("check", "rules", "rules.yml", cwd=rules_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 10 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 11 rules found" in result.stdout, result.stdout
 
 
 def test_every_alert_fires_after_its_for_and_not_below_its_threshold(rules_dir: Path) -> None:

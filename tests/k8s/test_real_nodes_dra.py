@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import secrets
+import shutil
 import ssl
 import subprocess
+import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -78,6 +82,12 @@ INJECTED = "ix-gpu.io/injected"
 NODES = {spec.name: spec for spec in REAL_NODES}
 
 
+STALE_READY_S = 85
+STALE_ALERT_S = 75
+"""The webhook's staleness bounds in this module: not-ready, and IxGpuNamespaceCacheStale (with no
+``for``), each above the minute between bookmarks and below the 90 s outage."""
+
+
 def dra_values(images: Images) -> dict[str, Any]:
     values = real_node_chart_values(images)
     # Pods asking iluvatar.com/gpu, unchanged, get it from DRA where no device plugin offers it.
@@ -92,6 +102,9 @@ def dra_values(images: Images) -> dict[str, Any]:
     values["plugin"]["deviceListStrategy"] = "cdi"
     # Each chip's holders read every second (for ix-gpu status and the live Prometheus below).
     values["plugin"]["telemetryInterval"] = 1
+    # A webhook replica whose caches heard nothing for 85 s turns not-ready: past the minute a
+    # quiet watch waits for its bookmark, within the 90 s apiserver outage at the module's end.
+    values["webhook"]["cacheMaxStalenessSeconds"] = STALE_READY_S
     return values
 
 
@@ -668,36 +681,33 @@ def test_a_dra_pod_keeps_its_library_path_and_finds_the_driver_in_its_linker_cac
     request_ok(api, "DELETE", ns)
 
 
+def opted_out_namespace(release: Release, namespace: str, probe: dict[str, Any]) -> str:
+    """A namespace annotated ``ix-gpu.io/inject: disabled`` (its path), once the webhook leaves
+    ``probe`` (a pod, created by dry run) alone there: the webhook learns opt-outs through its
+    namespace watch, and a pod right after the namespace may come before it."""
+    api = release.api
+    metadata = {"name": namespace, "annotations": {"ix-gpu.io/inject": "disabled"}}
+    request_ok(api, "POST", "/api/v1/namespaces", {"metadata": metadata})
+    ns = f"/api/v1/namespaces/{namespace}"
+    wait_until(lambda: api.request("GET", f"{ns}/serviceaccounts/default")[0] == 200, "default SA", 60)
+
+    def left_alone() -> bool:
+        created = request_ok(api, "POST", f"{ns}/pods?dryRun=All", probe)
+        return INJECTED not in (created["metadata"].get("annotations") or {})
+
+    wait_until(left_alone, "the webhook leaving the opted-out namespace's pod alone", 30, interval=0.5)
+    return ns
+
+
 def test_an_opted_out_dra_pod_finds_the_driver_through_the_linker_cache(release: Release) -> None:
     """Opted out, the pod gets nothing from the webhook, and its claim still gets the chip, the
     driver mount and the linker cache from the claim's CDI spec: its own LD_LIBRARY_PATH is
     exactly what it set, and the driver's library loads."""
     api = release.api
     namespace = f"dra-out-{secrets.token_hex(3)}"
-    request_ok(
-        api,
-        "POST",
-        "/api/v1/namespaces",
-        {"metadata": {"name": namespace, "annotations": {"ix-gpu.io/inject": "disabled"}}},
-    )
-    ns = f"/api/v1/namespaces/{namespace}"
-    wait_until(lambda: api.request("GET", f"{ns}/serviceaccounts/default")[0] == 200, "default SA", 60)
+    ns = opted_out_namespace(release, namespace, claim_library_pod("out", release.image, "out"))
     templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
     request_ok(api, "POST", templates, claim_template("out", None))
-
-    # The webhook learns opt-outs through its namespace watch: a pod right after the namespace may
-    # come before it, so this one is checked by dry run until the webhook leaves it alone.
-    def left_alone() -> bool:
-        dry = claim_library_pod("out", release.image, "out")
-        created = request_ok(api, "POST", f"{ns}/pods?dryRun=All", dry)
-        return INJECTED not in (created["metadata"].get("annotations") or {})
-
-    wait_until(
-        left_alone,
-        "the webhook leaving the opted-out namespace's pod alone",
-        30,
-        interval=0.5,
-    )
     request_ok(api, "POST", f"{ns}/pods", claim_library_pod("out", release.image, "out"))
     pod = wait_running(api, namespace, "out", timeout=120)
     assert INJECTED not in (pod["metadata"].get("annotations") or {}), pod["metadata"]
@@ -708,6 +718,137 @@ def test_an_opted_out_dra_pod_finds_the_driver_through_the_linker_cache(release:
     assert found["loaded with LD_LIBRARY_PATH"] == CDI_LIBRARY, found
     assert found["loaded without LD_LIBRARY_PATH"] == CDI_LIBRARY, found
     request_ok(api, "DELETE", ns)
+
+
+def image_library_pod(name: str, image: str, template: str | None = None) -> dict[str, Any]:
+    """A pod of the library-check image, which sets ``ENV LD_LIBRARY_PATH`` and nothing in the pod
+    spec: with a claim from ``template``, else with one ``iluvatar.com/gpu``."""
+    if template is None:
+        return image_pod(name, image, [], gpus=1)
+    pod = image_pod(name, image, [])
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
+
+
+def image_libraries(release: Release, ns: str, pod: dict[str, Any]) -> dict[str, str]:
+    """Run ``pod`` in ``ns`` (a path) and read what its entrypoint found: the variable and where
+    the image's library and the driver's loaded from."""
+    namespace, name = ns.rsplit("/", 1)[1], pod["metadata"]["name"]
+    request_ok(release.api, "POST", f"{ns}/pods", pod)
+    wait_running(release.api, namespace, name, timeout=120)
+    found = {}
+    for line in finished_log(release, namespace, name, "library check").splitlines():
+        key, _, value = line.partition("=" if line.startswith("LD_LIBRARY_PATH=") else ":")
+        found[key] = value.strip()
+    return found
+
+
+IMAGE_LIBRARIES = {
+    "LD_LIBRARY_PATH": "/opt/imglib",
+    "image library": "/opt/imglib/libimg.so",
+    "driver library": CDI_LIBRARY,
+}
+"""What the library-check image finds wherever the driver comes through CDI: its own variable,
+untouched; its own library through it; the driver's through the linker cache."""
+
+
+def test_an_image_that_sets_its_library_path_keeps_it_on_the_dra_path_injected_or_opted_out(
+    release: Release,
+) -> None:
+    """The release's device plugin serves CDI, so the chart's webhook merges LD_LIBRARY_PATH only
+    into a value the pod spec sets (``webhook.keepImageLibraryPath: auto``): an image's own
+    ``ENV`` stands, injected or opted out, and both libraries load by name."""
+    api = release.api
+    image = release.library_check_image
+    injected = new_namespace(api, f"img-lib-{secrets.token_hex(3)}")
+    opted_out = opted_out_namespace(
+        release, f"img-out-{secrets.token_hex(3)}", image_library_pod("p", image, "g")
+    )
+    for ns in (injected, opted_out):
+        request_ok(
+            api,
+            "POST",
+            f"{RESOURCE_API}/{ns.removeprefix('/api/v1/')}/resourceclaimtemplates",
+            claim_template("g", None),
+        )
+    found = {
+        ns: image_libraries(release, ns, image_library_pod("lib", image, "g")) for ns in (injected, opted_out)
+    }
+    pod = get_pod(api, injected.rsplit("/", 1)[1], "lib")
+    assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), pod["metadata"]
+    assert "env" not in pod["spec"]["containers"][0], pod["spec"]["containers"][0]
+    for ns, libraries in found.items():
+        assert {k: libraries.get(k) for k in IMAGE_LIBRARIES} == IMAGE_LIBRARIES, (ns, libraries)
+    for ns in (injected, opted_out):
+        request_ok(api, "DELETE", ns)
+
+
+HOSTILE_VOLUMES = r"""
+import os, sys
+target = sys.argv[1]
+os.symlink(target, "/cache/ldconfig")  # /var/cache/ldconfig: ldconfig's aux-cache goes there
+with open("/conf/tenant.conf", "w") as conf:  # /etc/ld.so.conf.d: the host's libraries named
+    conf.write(f"{target}/lib
+include {target}/*.conf
+")
+"""
+
+
+LINKER_CACHE_LISTING = r"""
+import subprocess, time
+print(subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout)
+print("done", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_tenants_volumes_cannot_point_the_linker_cache_hook_at_the_host(release: Release) -> None:
+    """What a hostile image does with its own files, a tenant's pod does with volumes: an init
+    container leaves ``/var/cache/ldconfig`` a link to ``/proc/1/root/<host dir>`` and an
+    ``ld.so.conf.d`` naming that directory's libraries. The claim's CDI hook runs as root over the
+    container's root with those mounted, through the real runc: the pod runs, no file of the host
+    directory is created or changed, no host library enters its cache, and the driver's does."""
+    api = release.api
+    host = TIER_ROOT / f"hook-target-{secrets.token_hex(3)}"
+    (host / "lib").mkdir(parents=True)
+    library = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libhost.so.1", "-o", str(host / "lib/libhost.so.1")]
+    subprocess.run([*library, str(ROOT / "tests/plugin/fake_ixml.c")], check=True)
+    (host / "host.conf").write_text(f"{host}/lib\n")
+    (host / "keep").write_text("the host's\n")
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in host.rglob("*") if p.is_file()}
+    namespace = f"hostile-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    request_ok(
+        api,
+        "POST",
+        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates",
+        claim_template("g", None),
+    )
+    pod = image_pod("hostile", release.image, ["python3", "-c", LINKER_CACHE_LISTING])
+    volumes = {"cache": "/var/cache", "conf": "/etc/ld.so.conf.d"}
+    pod["spec"]["volumes"] = [{"name": v, "emptyDir": {}} for v in volumes]
+    pod["spec"]["initContainers"] = [
+        {
+            "name": "plant",
+            "image": release.image,
+            "command": ["python3", "-c", HOSTILE_VOLUMES, f"/proc/1/root{host}"],
+            "volumeMounts": [{"name": v, "mountPath": f"/{v}"} for v in volumes],
+        }
+    ]
+    main = pod["spec"]["containers"][0]
+    main["volumeMounts"] = [{"name": v, "mountPath": path} for v, path in volumes.items()]
+    main["securityContext"] = {"runAsUser": 0}
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "g"}]
+    main["resources"] = {"claims": [{"name": "gpu"}]}
+    request_ok(api, "POST", f"{ns}/pods", pod)
+    wait_running(api, namespace, "hostile", timeout=120)
+    cache = finished_log(release, namespace, "hostile", "linker cache listing")
+    after = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in host.rglob("*") if p.is_file()}
+    assert after == before, sorted(set(after) ^ set(before))
+    assert "libhost" not in cache and CDI_LIBRARY in cache, cache
+    request_ok(api, "DELETE", ns)
+    shutil.rmtree(host)
 
 
 def test_two_pods_sharing_one_claim_get_the_same_chip(release: Release) -> None:
@@ -1096,6 +1237,22 @@ def test_a_device_plugin_pod_through_cdi_keeps_its_library_path(release: Release
     request_ok(api, "DELETE", ns)
 
 
+def test_an_image_that_sets_its_library_path_keeps_it_through_the_cdi_device_plugin(release: Release) -> None:
+    """gpu-a is the device plugin's now, with ``deviceListStrategy: cdi``: the library-check
+    image's own ``ENV LD_LIBRARY_PATH`` stands, injected or opted out, and both libraries load."""
+    api = release.api
+    image = release.library_check_image
+    probe = image_library_pod("p", image)
+    injected = new_namespace(api, f"dp-img-{secrets.token_hex(3)}")
+    opted_out = opted_out_namespace(release, f"dp-img-out-{secrets.token_hex(3)}", probe)
+    for ns in (injected, opted_out):
+        pod = image_library_pod("lib", image)
+        pod["spec"]["nodeName"] = "gpu-a"
+        libraries = image_libraries(release, ns, pod)
+        assert {k: libraries.get(k) for k in IMAGE_LIBRARIES} == IMAGE_LIBRARIES, (ns, libraries)
+        request_ok(api, "DELETE", ns)
+
+
 def test_an_unhealthy_chip_shows_in_the_status_of_a_device_plugin_pod_using_it(release: Release) -> None:
     """KEP-4680 for device plugins: gpu-a is the device plugin's now; a pod holding one of its
     chips sees it Unhealthy in ``allocatedResourcesStatus`` once the plugin's ListAndWatch reports
@@ -1203,6 +1360,8 @@ PROMETHEUS_VALUES: dict[str, Any] = {
         "prometheusRule": {
             "enabled": True,
             **{key: "2s" for key in ("chipUnhealthyFor", "chipTemperatureFor", "chipMemoryFor")},
+            "namespaceCacheStaleSeconds": STALE_ALERT_S,
+            "namespaceCacheStaleFor": "0s",
         },
         "dashboard": {"enabled": True},
     }
@@ -1333,6 +1492,33 @@ def test_a_live_prometheus_finds_every_agent_through_the_service_monitor_and_rea
                 [str(promtool()), "check", "metrics"], input=exposition, capture_output=True, timeout=60
             )
             assert checked.returncode == 0, (pod["metadata"]["name"], checked.stdout, checked.stderr)
+
+
+def test_every_alert_names_its_subject_from_labels_a_real_scrape_keeps(
+    release: Release, prometheus: LivePrometheus, rendered_for_prometheus: list[dict[str, Any]]
+) -> None:
+    """Each alert's summary and description name their node, pod or chip through ``$labels``: every
+    such label must be on the series its expression reads as the live Prometheus scrapes them
+    through the chart's ServiceMonitor (after an aggregation, among its ``by`` labels), and every
+    node agent's series names its node. A promtool test feeds whatever labels it is given; this
+    reads what a real scrape keeps."""
+    rules = [r for g in find(rendered_for_prometheus, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    checked = []
+    for rule in rules:
+        used = set(re.findall(r"\$labels\.(\w+)", json.dumps(rule["annotations"])))
+        metric = re.search(r"ix_gpu_\w+", rule["expr"])
+        assert metric is not None, rule
+        series = prometheus.query(metric.group(0))
+        assert series, (rule["alert"], metric.group(0), "no series scraped")
+        by = re.search(r"by \(([^)]*)\)", rule["expr"])
+        kept = {label.strip() for label in by.group(1).split(",")} if by else set()
+        for sample in series:
+            labels = set(sample["labels"]) if by is None else kept & set(sample["labels"])
+            assert used <= labels, (rule["alert"], used - labels, sample["labels"])
+            if sample["labels"].get("endpoint") in ("plugin-metrics", "dra-metrics"):
+                assert sample["labels"].get("node") in NODES, (rule["alert"], sample["labels"])
+        checked.append(f"{rule['alert']}: {sorted(used)} on {len(series)} series")
+    print("\n" + "\n".join(checked))
 
 
 def sleeping_claim_pod(name: str, image: str, template: str) -> dict[str, Any]:
@@ -1539,13 +1725,51 @@ def plugin_metric(pod: dict[str, Any], name: str) -> float:
 SLICES_WATCH = "the ResourceSlices of gpu.iluvatar.com"
 
 
-def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(release: Release) -> None:
+class StaleWatch(threading.Thread):
+    """During an apiserver outage: whether any webhook replica's /readyz (its probe port) said its
+    namespace cache was stale, and whether the live Prometheus fired IxGpuNamespaceCacheStale for
+    one, polled every 2 s until stopped."""
+
+    def __init__(self, release: Release, prometheus: LivePrometheus) -> None:
+        super().__init__(daemon=True)
+        self.ips = [p["status"]["podIP"] for p in release.pods("webhook")]
+        self.prometheus = prometheus
+        self.stop_event = threading.Event()
+        self.not_ready: set[str] = set()
+        self.alerted: set[str] = set()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(2):
+            for ip in self.ips:
+                try:
+                    urllib.request.urlopen(f"http://{ip}:8081/readyz", timeout=2).close()
+                except urllib.error.HTTPError as err:
+                    if err.code == 503 and json.loads(err.read())["namespaces"].get("stale"):
+                        self.not_ready.add(ip)
+                except OSError:
+                    pass
+            with contextlib.suppress(OSError, KeyError):
+                for alert in self.prometheus.alerts():
+                    if (
+                        alert["labels"].get("alertname") == "IxGpuNamespaceCacheStale"
+                        and alert["state"] == "firing"
+                    ):
+                        self.alerted.add(alert["labels"]["pod"])
+
+
+def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(
+    release: Release, prometheus: LivePrometheus
+) -> None:
     """An apiserver restart lands on the device plugins' watches of their node and of the DRA
     driver's slices (gpu-a is the device plugin's now, gpu-b DRA's): both nodes' iluvatar.com/gpu
     allocatable is what it was, sampled as the kubelets report it from the moment the apiserver is
     back; the plugin's metrics count the failed lists and watches and its log says it watches
-    again; and a GPU pod created right after is admitted by the kubelet and runs."""
+    again; and a GPU pod created right after is admitted by the kubelet and runs. Meanwhile the
+    webhook replicas, hearing nothing, turn not-ready past their staleness bound, and the live
+    Prometheus fires IxGpuNamespaceCacheStale for them."""
     api = release.api
+    stale = StaleWatch(release, prometheus)
+    stale.start()
     nodes = ("gpu-a", "gpu-b")
 
     def allocatable() -> dict[str, str]:
@@ -1602,5 +1826,10 @@ def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(release: Releas
     wait_until(created, "the GPU pod created once the webhook is reachable again", 120, interval=1)
     waited = time.monotonic() - started
     print(f"created after {waited:.1f} s; {len(refused)} refused while the webhook had no endpoint")
+    stale.stop_event.set()
+    stale.join(10)
+    print(f"stale, not ready: {sorted(stale.not_ready)}; IxGpuNamespaceCacheStale: {sorted(stale.alerted)}")
+    assert stale.not_ready, "no webhook replica turned not-ready while it heard nothing for 90 s"
+    assert stale.alerted, "IxGpuNamespaceCacheStale did not fire"
     running = wait_running(api, namespace, "after", timeout=120)
     assert running["spec"]["nodeName"] == "gpu-a"

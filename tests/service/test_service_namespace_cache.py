@@ -305,3 +305,32 @@ def test_lookup_failure_denies_when_configured(tmp_path: Path, cert_dir: Path) -
         assert "namespaceLookupFailure is deny" in denied["status"]["message"]  # type: ignore[index]
     finally:
         webhook.stop()
+
+
+def test_the_webhook_is_not_ready_while_its_namespace_cache_is_staler_than_its_bound(
+    tmp_path: Path, cert_dir: Path
+) -> None:
+    """``ix-gpu webhook --cache-max-staleness``, end to end: the API server accepts the watch and
+    says nothing more, so /readyz turns 503 naming the stale cache; the first event heard makes it
+    ready again."""
+    api = FakeApiServer()
+    api.put("team-a")
+    api.silent_watches = True
+    api.start()
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    extra = [*FAST, "--cache-max-staleness", "1"]
+    webhook = WebhookProcess(tmp_path, cert_dir, kubeconfig=kubeconfig, extra=extra).start()
+    try:
+        with webhook.client() as client:
+            wait_until(lambda: client.get("/readyz").status_code == 200, "synced", 10, interval=0.02)
+            wait_until(
+                lambda: client.get("/readyz").status_code == 503, "not ready: stale", 10, interval=0.05
+            )
+            stale = client.get("/readyz").json()["namespaces"]
+            assert stale["stale"] is True and stale["synced"] is True and stale["lastError"] is None, stale
+            api.silent_watches = False
+            api.put("heard")
+            wait_until(lambda: client.get("/readyz").status_code == 200, "ready again", 10, interval=0.05)
+    finally:
+        webhook.stop()
+        api.stop()

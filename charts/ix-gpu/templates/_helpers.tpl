@@ -163,7 +163,27 @@ so that rendering never changes .Values.
 {{- $policy := default dict $config.policy -}}
 {{- $_ := set $policy "excludedNamespaces" (include "ix-gpu.excludedNamespaces" . | fromJsonArray) -}}
 {{- $_ = set $config "policy" $policy -}}
+{{- if eq (include "ix-gpu.keepImageLibraryPath" .) "true" -}}
+{{- range $profile := $config.profiles -}}
+{{- range $var := $profile.env -}}
+{{- if and (eq $var.name "LD_LIBRARY_PATH") (has $var.mode (list "prepend-path" "append-path")) -}}
+{{- $_ = set $var "mode" (printf "%s-if-set" $var.mode) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $config -}}
+{{- end -}}
+
+{{/* "true" when LD_LIBRARY_PATH is merged only into a value the pod spec sets (webhook.
+keepImageLibraryPath; auto: every GPU comes through CDI, whose linker-cache hook finds the driver). */}}
+{{- define "ix-gpu.keepImageLibraryPath" -}}
+{{- $keep := .Values.webhook.keepImageLibraryPath -}}
+{{- if eq (toString $keep) "auto" -}}
+{{- or (not .Values.plugin.enabled) (eq .Values.plugin.deviceListStrategy "cdi") -}}
+{{- else -}}
+{{- $keep -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Resource names (exact or glob) of the configured profiles, as a JSON list. */}}

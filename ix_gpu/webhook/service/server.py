@@ -90,6 +90,8 @@ class ServiceOptions:
     reload_interval: float = 5.0
     request_timeout: float = 10.0
     namespace_lookup_timeout: float = 2.0
+    cache_max_staleness: float | None = 300.0
+    """The namespace cache turns not-ready (and so /readyz) when staler than this; None: never."""
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
     shutdown_delay: float = 5.0
@@ -203,7 +205,10 @@ def _cluster_sources(
         extra={"fields": {"kubeconfig": kubeconfig or "in-cluster"}},
     )
     namespaces = NamespaceCache(
-        NamespaceListWatch(api), metrics=metrics, lookup_timeout=options.namespace_lookup_timeout
+        NamespaceListWatch(api),
+        metrics=metrics,
+        lookup_timeout=options.namespace_lookup_timeout,
+        max_staleness=options.cache_max_staleness,
     )
     claims = claim_cache(api)
     claims.export_sizes(metrics)

@@ -99,6 +99,16 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "then finish the reviews in flight and exit 0. 0, a second SIGTERM, or SIGINT: stop at once "
         "(default: 5)",
     )
+    webhook.add_argument(
+        "--cache-max-staleness",
+        default=300.0,
+        type=interval_seconds_or_off,
+        metavar="SECONDS",
+        help="/readyz fails while the namespace cache has heard nothing from the API server (no "
+        "list, no watch event, no bookmark, which the API server sends once a minute on a quiet "
+        "watch) for longer than this, so the apiserver stops sending reviews this replica would "
+        "answer from an old picture; 0: never (default: 300)",
+    )
     add_log_level(webhook, "; info logs one line per admission")
     defaults = Limits()
     limits = webhook.add_argument_group(
@@ -168,6 +178,7 @@ def _run_webhook(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
         log_level=args.log_level,
         shutdown_delay=args.shutdown_delay,
+        cache_max_staleness=args.cache_max_staleness or None,
         probe_port=args.probe_port,
         limits=Limits(
             max_connections=args.max_connections,
