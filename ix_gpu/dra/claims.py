@@ -110,6 +110,8 @@ def read_claim(api: ApiServer, ref: ClaimRef) -> dict[str, Any]:
         if isinstance(exc.__cause__, ValueError):  # the request's own parse failed
             raise _not_json(ref, exc.__cause__) from None
         raise
+    except RecursionError:
+        raise ClaimError(f"claim {ref}: the API server's answer is nested too deep", "parse") from None
     if not isinstance(claim, dict):
         raise ClaimError(f"claim {ref}: the API server answered no object", "parse")
     return claim
@@ -168,6 +170,10 @@ class ClaimReader:
                 claim = json.loads(raw) if raw else None
             except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
                 raise _not_json(ref, exc) from None
+            except RecursionError:  # nested deeper than any claim (the parser stops, not the plugin)
+                raise ClaimError(
+                    f"claim {ref}: the API server's answer is nested too deep", "parse"
+                ) from None
             if not isinstance(claim, dict):
                 raise ClaimError(f"claim {ref}: the API server answered no object", "parse")
             return claim

@@ -10,7 +10,8 @@ list the watch continues, so tests may change ``nodes`` and ``slices`` directly.
 ``denied`` answers 403, and ends the watches of that path (so does a fault); one in ``absent``
 answers 404.
 ``faults`` maps a path to a transport fault its answers have: ``cut`` (the connection closes in
-the middle of the body), ``junk`` (200 with a body that is not JSON) or ``500``. The real-cluster
+the middle of the body), ``junk`` (200 with a body that is not JSON), ``deep`` (200 with JSON
+nested 100,000 levels deep, which no parser of ours may follow down) or ``500``. The real-cluster
 tier replaces it with a kube-apiserver.
 """
 
@@ -281,6 +282,8 @@ def serving(api: FakeResourceApi) -> Iterator[ApiServer]:
                 code, raw = 500, json.dumps(_status(500, "InternalError")).encode()
             elif fault == "junk":
                 code, raw = 200, b"<html>502 Bad Gateway</html>"
+            elif fault == "deep":
+                code, raw = 200, b'{"a":' * 100_000 + b"1" + b"}" * 100_000
             elif fault == "cut":
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")

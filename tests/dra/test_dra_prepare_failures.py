@@ -56,6 +56,7 @@ def add_three_claims(fake: FakeResourceApi) -> dict[str, Any]:
         ("cut", "read", "IncompleteRead"),  # the body ends before its Content-Length
         ("junk", "parse", "not JSON"),  # a proxy's HTML error page with a 200
         ("500", "read", "500"),
+        ("deep", "parse", "nested too deep"),  # 100,000 levels: the parser stops, not the plugin
         ("shape", "parse", "status.allocation.devices is a str"),  # JSON, but not a claim's shape
     ],
 )

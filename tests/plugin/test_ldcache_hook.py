@@ -8,73 +8,43 @@ namespace where it is root (``unshare -r``). ``runc_like`` runs it where runc do
 pid namespace of the container's with procfs mounted in the root, so that ``/proc/1/root`` leads
 back to this host's tree as it does on a node; the hostile roots below try every way out through
 it, and a directory of this host is checked for any file created, changed or read into the cache.
-``test_ldcache_hook_runc.py`` does the same under the real runc."""
+The last test does the same under the real runc. The roots are in :mod:`tests.support.hostile_roots`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import stat
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ix_gpu.node.devices.ldcache_hook import ldcache_hook
+from tests.support.hostile_roots import (
+    HOSTILE,
+    LIBRARY_DIR,
+    RUNC_REFUSES,
+    as_root,
+    cached,
+    host_target,
+    make_bundle,
+    regular,
+    runc_bundle,
+    runc_create,
+    runc_delete,
+    snapshot,
+)
 
-HERE = Path(__file__).parent
-LIBRARY_DIR = "/usr/local/corex/lib64"
 RUNC_LIKE = 'mount --rbind "$1" "$1" && mount -t proc proc "$1/proc" && shift && exec "$@"'
 """What runc has done by the time it runs a createContainer hook: the root bound onto itself and
 procfs (of the container's new pid namespace) mounted in it, in a mount namespace of its own."""
 
 
-def ldconfig() -> str:
-    found = next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None)
-    assert found, "these tests need the host's glibc ldconfig, as the hook does"
-    return found
-
-
-def as_root(argv: list[str]) -> list[str]:
-    return argv if os.geteuid() == 0 else ["unshare", "-r", *argv]
-
-
-def build_library(target: Path, soname: str | None = None) -> None:
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "these tests need a C compiler (gcc) to build the libixml stand-in"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    flags = [f"-Wl,-soname,{soname}"] if soname else []
-    subprocess.run(
-        [gcc, "-shared", "-fPIC", *flags, "-o", str(target), str(HERE / "fake_ixml.c")], check=True
-    )
-
-
 @pytest.fixture
 def bundle(tmp_path: Path) -> Path:
-    """An OCI bundle: ``config.json`` (compact, as containerd writes it, with a user's env value and
-    annotation that look like the fields the script reads) and ``rootfs`` with the directories the
-    runtime mounts on (``/proc``, ``/sys``, ``/dev``), an image's ``/etc/ld.so.conf``, one image
-    library and its symlink, and the driver's library."""
-    bundle = tmp_path / "bundle"
-    rootfs = bundle / "rootfs"
-    for directory in ("etc", "proc", "sys", "dev"):
-        (rootfs / directory).mkdir(parents=True)
-    (rootfs / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
-    build_library(rootfs / LIBRARY_DIR.lstrip("/") / "libixml.so")
-    build_library(rootfs / "usr/lib/libapp.so.1.2", "libapp.so.1")
-    (rootfs / "usr/lib/libapp.so").symlink_to("libapp.so.1.2")
-    config = {
-        "ociVersion": "1.2.0",
-        "process": {"env": ['TRAP="root":{"path":"/"}', "LD_LIBRARY_PATH=/opt/app/lib"]},
-        "root": {"path": "rootfs"},
-        "annotations": {"root": '{"path":"/"}'},
-    }
-    (bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
-    return bundle
+    return make_bundle(tmp_path)
 
 
 def run_hook(bundle: Path | None, *, runc_like: bool = False) -> subprocess.CompletedProcess[str]:
@@ -97,18 +67,6 @@ def run_hook(bundle: Path | None, *, runc_like: bool = False) -> subprocess.Comp
         timeout=hook["timeout"],
         check=False,
     )
-
-
-def cached(rootfs: Path) -> dict[str, str]:
-    """The root's linker cache: library name → path, as ``ldconfig -p`` prints it."""
-    listing = subprocess.run(
-        as_root([ldconfig(), "-r", str(rootfs), "-p"]), capture_output=True, text=True, check=True
-    ).stdout
-    entries = {}
-    for line in listing.splitlines()[1:]:
-        name, _, path = line.strip().partition(" => ")
-        entries[name.split(" (")[0]] = path
-    return entries
 
 
 def test_the_spec_hook_runs_sh_with_the_scripts_inline_and_a_path_of_its_own() -> None:
@@ -167,127 +125,12 @@ def test_what_it_cannot_do_leaves_the_cache_and_never_fails_the_container(bundle
     assert not (rootfs / "etc" / "ld.so.cache").exists()
 
 
-# Hostile image roots. Each is given the host directory ``host`` (as seen from the root's own
-# procfs, ``/proc/1/root<host>``) to aim at, and makes its root with it.
-HOSTILE: dict[str, Callable[[Path, str], None]] = {}
-
-
-def hostile(name: str) -> Callable[[Callable[[Path, str], None]], Callable[[Path, str], None]]:
-    def register(make: Callable[[Path, str], None]) -> Callable[[Path, str], None]:
-        HOSTILE[name] = make
-        return make
-
-    return register
-
-
-def link(path: Path, target: str) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.symlink_to(target)
-
-
-@hostile("aux-cache dir is a link to the host")
-def _aux_cache_dir(rootfs: Path, out: str) -> None:
-    link(rootfs / "var/cache/ldconfig", out)
-
-
-@hostile("etc is a link to the host")
-def _etc(rootfs: Path, out: str) -> None:
-    link(rootfs / "etc", out)
-
-
-@hostile("a SONAME with a newline, aux-cache dir a link")
-def _soname(rootfs: Path, out: str) -> None:
-    build_library(rootfs / "usr/lib/libevil.so.1", f"libevil.so.1\n{out}/planted")
-    link(rootfs / "var/cache/ldconfig", out)
-
-
-@hostile("the cache is a link to the host")
-def _cache(rootfs: Path, out: str) -> None:
-    link(rootfs / "etc/ld.so.cache", f"{out}/ld.so.cache")
-
-
-@hostile("the cache's temporary file is a link to the host")
-def _cache_temporary(rootfs: Path, out: str) -> None:
-    link(rootfs / "etc/ld.so.cache~", f"{out}/ld.so.cache~")
-
-
-@hostile("ld.so.conf names and includes host paths")
-def _conf(rootfs: Path, out: str) -> None:
-    lines = [
-        f"include {out}/*.conf",
-        f"{out}/lib",
-        "/proc/self/root" + out.removeprefix("/proc/1/root") + "/lib",
-    ]
-    (rootfs / "etc/ld.so.conf").write_text("\n".join(lines) + "\n")
-
-
-@hostile("a library directory is a link to the host")
-def _library_dir(rootfs: Path, out: str) -> None:
-    link(rootfs / "opt/lib", f"{out}/lib")
-    (rootfs / "etc/ld.so.conf").write_text("/opt/lib\n")
-
-
-@hostile("deep symlink loops")
-def _loops(rootfs: Path, out: str) -> None:
-    for i in range(60):
-        link(rootfs / f"loop/{i}", f"/loop/{i + 1}")
-    link(rootfs / "loop/60", "/loop/0")
-    link(rootfs / "self", "/self/self")
-    (rootfs / "etc/ld.so.conf").write_text("/loop/0\n/self\ninclude /loop/0/*\n")
-
-
-@hostile("a huge ld.so.conf")
-def _huge(rootfs: Path, out: str) -> None:
-    (rootfs / "etc/ld.so.conf").write_text("".join(f"/usr/lib/d{i}\n" for i in range(200_000)))
-
-
-@hostile("FIFOs in place of the cache and the aux-cache")
-def _fifos(rootfs: Path, out: str) -> None:
-    os.mkfifo(rootfs / "etc/ld.so.cache")
-    (rootfs / "var/cache/ldconfig").mkdir(parents=True)
-    os.mkfifo(rootfs / "var/cache/ldconfig/aux-cache")
-
-
-@hostile("dev is a link to the host")
-def _dev(rootfs: Path, out: str) -> None:
-    link(rootfs / "dev", out)
-
-
-@hostile("sys is a link to the host")
-def _sys(rootfs: Path, out: str) -> None:
-    link(rootfs / "sys", out)
-
-
-def regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except FileNotFoundError:
-        return False
-
-
-def snapshot(directory: Path) -> dict[str, tuple[int, int, str]]:
-    """Every entry under ``directory``: mode, mtime and a digest of a file's content."""
-    found = {}
-    for path in sorted(directory.rglob("*")):
-        info = path.lstat()
-        digest = (
-            hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() and not path.is_symlink() else ""
-        )
-        found[str(path.relative_to(directory))] = (info.st_mode, info.st_mtime_ns, digest)
-    return found
-
-
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_root_reads_and_writes_nothing_outside_it(bundle: Path, tmp_path: Path, case: str) -> None:
     """The container starts (the hook exits 0), no file of the host directory the root aims at is
     created or changed, and no library there enters the container's cache. A root that the
     hook can still serve gets the driver's library."""
-    host = tmp_path / "host"
-    build_library(host / "lib/libhost.so.1", "libhost.so.1")
-    (host / "host.conf").write_text(f"{host}/lib\n")
-    (host / "keep").write_text("the host's\n")
+    host = host_target(tmp_path / "host")
     before = snapshot(host)
     rootfs = bundle / "rootfs"
     HOSTILE[case](rootfs, f"/proc/1/root{host}")
@@ -301,27 +144,6 @@ def test_a_hostile_root_reads_and_writes_nothing_outside_it(bundle: Path, tmp_pa
         assert entries["libixml.so"] == f"{LIBRARY_DIR}/libixml.so", entries
     else:
         assert "linker cache left as it was" in result.stderr
-
-
-RUNC_REFUSES = {"dev is a link to the host", "sys is a link to the host"}
-
-
-def runc_bundle(bundle: Path, driver: Path) -> None:
-    """``bundle`` made into a real runc bundle: ``runc spec``'s config with the driver's root bound
-    read-only where the CDI spec mounts it, and the hook as the CDI spec adds it. The process is
-    the host's static ldconfig (in the root, never run: the test stops at ``runc create``)."""
-    (bundle / "config.json").unlink()
-    subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
-    config = json.loads((bundle / "config.json").read_text())
-    config["process"].update(terminal=False, args=["/sbin/ldconfig", "-p"])
-    config["root"] = {"path": "rootfs", "readonly": False}
-    mount = {"type": "bind", "source": str(driver), "destination": "/usr/local/corex"}
-    config["mounts"].append({**mount, "options": ["rbind", "ro", "nosuid", "nodev"]})
-    hook = ldcache_hook([LIBRARY_DIR])
-    config["hooks"] = {"createContainer": [{key: hook[key] for key in ("path", "args", "env", "timeout")}]}
-    (bundle / "config.json").write_text(json.dumps(config))
-    (bundle / "rootfs/sbin").mkdir(exist_ok=True)
-    shutil.copy(ldconfig(), bundle / "rootfs/sbin/ldconfig")
 
 
 @pytest.fixture
@@ -340,9 +162,7 @@ def test_under_real_runc_the_hook_serves_the_driver_and_a_hostile_root_touches_n
     """``runc create`` runs the hook as the node's runtime does (root, the container's mount and
     pid namespaces, procfs mounted in the root, before the switch to it). The container is
     created, the host directory is untouched, and a root that can be served finds the driver."""
-    host = tmp_path / "host"
-    build_library(host / "lib/libhost.so.1", "libhost.so.1")
-    (host / "keep").write_text("the host's\n")
+    host = host_target(tmp_path / "host")
     driver = tmp_path / "driver"
     (driver / "lib64").mkdir(parents=True)
     rootfs = bundle / "rootfs"
@@ -354,24 +174,15 @@ def test_under_real_runc_the_hook_serves_the_driver_and_a_hostile_root_touches_n
     before = snapshot(host), snapshot(driver)
     name = f"ix-gpu-ldcache-{os.getpid()}-{abs(hash(case)) % 10**6}"
     try:
-        # The created container's init keeps runc's stdio open: a pipe would never close.
         errors = tmp_path / "runc.err"
-        with errors.open("w") as err:
-            created = subprocess.run(
-                [runc, "create", "--bundle", str(bundle), name],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                timeout=60,
-                check=False,
-            )
+        code = runc_create(runc, bundle, name, errors)
         print(errors.read_text())
         if case in RUNC_REFUSES:  # runc guards its own mounts: such an image never runs
-            assert created.returncode != 0 and "runc create failed" in errors.read_text()
+            assert code != 0 and "runc create failed" in errors.read_text()
         else:
-            assert created.returncode == 0, errors.read_text()
+            assert code == 0, errors.read_text()
         assert (snapshot(host), snapshot(driver)) == before
         if case == "benign":
             assert cached(rootfs)["libixml.so"] == f"{LIBRARY_DIR}/libixml.so"
     finally:
-        subprocess.run([runc, "delete", "--force", name], capture_output=True, timeout=60, check=False)
+        runc_delete(runc, name)

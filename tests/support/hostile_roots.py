@@ -1,0 +1,237 @@
+"""Hostile image roots for the CDI linker-cache hook, and what runs the hook over them as the node's
+runtime does: shared by ``tests/plugin/test_ldcache_hook.py`` and ``bench/adversarial_node.py``.
+
+Each hostile root is the benign bundle's root (:func:`make_bundle`) changed by one builder of
+:data:`HOSTILE`, aimed at a host directory through ``/proc/1/root<dir>``: where procfs is mounted in
+the root, as it is when a createContainer hook runs, that path leads back to the host."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from ix_gpu.node.devices.ldcache_hook import ldcache_hook
+from tests.support.paths import ROOT
+
+FAKE_IXML = ROOT / "tests/plugin/fake_ixml.c"
+LIBRARY_DIR = "/usr/local/corex/lib64"
+
+
+def ldconfig() -> str:
+    found = next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None)
+    assert found, "these tests need the host's glibc ldconfig, as the hook does"
+    return found
+
+
+def as_root(argv: list[str]) -> list[str]:
+    return argv if os.geteuid() == 0 else ["unshare", "-r", *argv]
+
+
+def build_library(target: Path, soname: str | None = None) -> None:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    assert gcc, "these tests need a C compiler (gcc) to build the libixml stand-in"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    flags = [f"-Wl,-soname,{soname}"] if soname else []
+    subprocess.run([gcc, "-shared", "-fPIC", *flags, "-o", str(target), str(FAKE_IXML)], check=True)
+
+
+def make_bundle(tmp_path: Path) -> Path:
+    """An OCI bundle: ``config.json`` (compact, as containerd writes it, with a user's env value and
+    annotation that look like the fields the script reads) and ``rootfs`` with the directories the
+    runtime mounts on (``/proc``, ``/sys``, ``/dev``), an image's ``/etc/ld.so.conf``, one image
+    library and its symlink, and the driver's library."""
+    bundle = tmp_path / "bundle"
+    rootfs = bundle / "rootfs"
+    for directory in ("etc", "proc", "sys", "dev"):
+        (rootfs / directory).mkdir(parents=True)
+    (rootfs / "etc" / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    build_library(rootfs / LIBRARY_DIR.lstrip("/") / "libixml.so")
+    build_library(rootfs / "usr/lib/libapp.so.1.2", "libapp.so.1")
+    (rootfs / "usr/lib/libapp.so").symlink_to("libapp.so.1.2")
+    config = {
+        "ociVersion": "1.2.0",
+        "process": {"env": ['TRAP="root":{"path":"/"}', "LD_LIBRARY_PATH=/opt/app/lib"]},
+        "root": {"path": "rootfs"},
+        "annotations": {"root": '{"path":"/"}'},
+    }
+    (bundle / "config.json").write_text(json.dumps(config, separators=(",", ":")))
+    return bundle
+
+
+def cached(rootfs: Path) -> dict[str, str]:
+    """The root's linker cache: library name → path, as ``ldconfig -p`` prints it."""
+    listing = subprocess.run(
+        as_root([ldconfig(), "-r", str(rootfs), "-p"]), capture_output=True, text=True, check=True
+    ).stdout
+    entries = {}
+    for line in listing.splitlines()[1:]:
+        name, _, path = line.strip().partition(" => ")
+        entries[name.split(" (")[0]] = path
+    return entries
+
+
+# Hostile image roots. Each is given the host directory ``host`` (as seen from the root's own
+# procfs, ``/proc/1/root<host>``) to aim at, and makes its root with it.
+HOSTILE: dict[str, Callable[[Path, str], None]] = {}
+
+
+def hostile(name: str) -> Callable[[Callable[[Path, str], None]], Callable[[Path, str], None]]:
+    def register(make: Callable[[Path, str], None]) -> Callable[[Path, str], None]:
+        HOSTILE[name] = make
+        return make
+
+    return register
+
+
+def link(path: Path, target: str) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.symlink_to(target)
+
+
+@hostile("aux-cache dir is a link to the host")
+def _aux_cache_dir(rootfs: Path, out: str) -> None:
+    link(rootfs / "var/cache/ldconfig", out)
+
+
+@hostile("etc is a link to the host")
+def _etc(rootfs: Path, out: str) -> None:
+    link(rootfs / "etc", out)
+
+
+@hostile("a SONAME with a newline, aux-cache dir a link")
+def _soname(rootfs: Path, out: str) -> None:
+    build_library(rootfs / "usr/lib/libevil.so.1", f"libevil.so.1\n{out}/planted")
+    link(rootfs / "var/cache/ldconfig", out)
+
+
+@hostile("the cache is a link to the host")
+def _cache(rootfs: Path, out: str) -> None:
+    link(rootfs / "etc/ld.so.cache", f"{out}/ld.so.cache")
+
+
+@hostile("the cache's temporary file is a link to the host")
+def _cache_temporary(rootfs: Path, out: str) -> None:
+    link(rootfs / "etc/ld.so.cache~", f"{out}/ld.so.cache~")
+
+
+@hostile("ld.so.conf names and includes host paths")
+def _conf(rootfs: Path, out: str) -> None:
+    lines = [
+        f"include {out}/*.conf",
+        f"{out}/lib",
+        "/proc/self/root" + out.removeprefix("/proc/1/root") + "/lib",
+    ]
+    (rootfs / "etc/ld.so.conf").write_text("\n".join(lines) + "\n")
+
+
+@hostile("a library directory is a link to the host")
+def _library_dir(rootfs: Path, out: str) -> None:
+    link(rootfs / "opt/lib", f"{out}/lib")
+    (rootfs / "etc/ld.so.conf").write_text("/opt/lib\n")
+
+
+@hostile("deep symlink loops")
+def _loops(rootfs: Path, out: str) -> None:
+    for i in range(60):
+        link(rootfs / f"loop/{i}", f"/loop/{i + 1}")
+    link(rootfs / "loop/60", "/loop/0")
+    link(rootfs / "self", "/self/self")
+    (rootfs / "etc/ld.so.conf").write_text("/loop/0\n/self\ninclude /loop/0/*\n")
+
+
+@hostile("a huge ld.so.conf")
+def _huge(rootfs: Path, out: str) -> None:
+    (rootfs / "etc/ld.so.conf").write_text("".join(f"/usr/lib/d{i}\n" for i in range(200_000)))
+
+
+@hostile("FIFOs in place of the cache and the aux-cache")
+def _fifos(rootfs: Path, out: str) -> None:
+    os.mkfifo(rootfs / "etc/ld.so.cache")
+    (rootfs / "var/cache/ldconfig").mkdir(parents=True)
+    os.mkfifo(rootfs / "var/cache/ldconfig/aux-cache")
+
+
+@hostile("dev is a link to the host")
+def _dev(rootfs: Path, out: str) -> None:
+    link(rootfs / "dev", out)
+
+
+@hostile("sys is a link to the host")
+def _sys(rootfs: Path, out: str) -> None:
+    link(rootfs / "sys", out)
+
+
+def regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int, str]]:
+    """Every entry under ``directory``: mode, mtime and a digest of a file's content."""
+    found = {}
+    for path in sorted(directory.rglob("*")):
+        info = path.lstat()
+        digest = (
+            hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() and not path.is_symlink() else ""
+        )
+        found[str(path.relative_to(directory))] = (info.st_mode, info.st_mtime_ns, digest)
+    return found
+
+
+def host_target(directory: Path) -> Path:
+    """A host directory for a hostile root to aim at: a library of the host's, a configuration that
+    names it, and a file of the host's. Returns ``directory``."""
+    build_library(directory / "lib/libhost.so.1", "libhost.so.1")
+    (directory / "host.conf").write_text(f"{directory}/lib\n")
+    (directory / "keep").write_text("the host's\n")
+    return directory
+
+
+RUNC_REFUSES = {"dev is a link to the host", "sys is a link to the host"}
+
+
+def runc_bundle(bundle: Path, driver: Path) -> None:
+    """``bundle`` made into a real runc bundle: ``runc spec``'s config with the driver's root bound
+    read-only where the CDI spec mounts it, and the hook as the CDI spec adds it. The process is
+    the host's static ldconfig (in the root, never run: the test stops at ``runc create``)."""
+    (bundle / "config.json").unlink()
+    subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
+    config = json.loads((bundle / "config.json").read_text())
+    config["process"].update(terminal=False, args=["/sbin/ldconfig", "-p"])
+    config["root"] = {"path": "rootfs", "readonly": False}
+    mount = {"type": "bind", "source": str(driver), "destination": "/usr/local/corex"}
+    config["mounts"].append({**mount, "options": ["rbind", "ro", "nosuid", "nodev"]})
+    hook = ldcache_hook([LIBRARY_DIR])
+    config["hooks"] = {"createContainer": [{key: hook[key] for key in ("path", "args", "env", "timeout")}]}
+    (bundle / "config.json").write_text(json.dumps(config))
+    (bundle / "rootfs/sbin").mkdir(exist_ok=True)
+    shutil.copy(ldconfig(), bundle / "rootfs/sbin/ldconfig")
+
+
+def runc_create(runc: str, bundle: Path, name: str, errors: Path) -> int:
+    """``runc create`` of ``bundle`` as ``name`` (the hook runs then); its exit code, its stderr in
+    ``errors``. The created container's init keeps runc's stdio open: a pipe would never close."""
+    with errors.open("w") as err:
+        created = subprocess.run(
+            [runc, "create", "--bundle", str(bundle), name],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=60,
+            check=False,
+        )
+    return created.returncode
+
+
+def runc_delete(runc: str, name: str) -> None:
+    subprocess.run([runc, "delete", "--force", name], capture_output=True, timeout=60, check=False)
