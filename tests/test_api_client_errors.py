@@ -18,8 +18,9 @@ PATH = "/api/v1/nodes/n1"
 @pytest.mark.parametrize(
     ("fault", "kind", "says"),
     [
-        ("cut", ApiError, "GET /api/v1/nodes/n1"),
+        ("cut", ApiError, "GET /api/v1/nodes/n1: the answer was cut off"),
         ("junk", ApiError, "the answer is not JSON"),
+        ("deep", ApiError, "the answer is nested too deep"),
         ("500", HTTPError, "HTTP Error 500"),
     ],
 )

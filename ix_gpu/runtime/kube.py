@@ -181,14 +181,24 @@ class ApiServer:
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
                 raw = response.read(max_bytes + 1)
+                # read(n) returns what came before the connection closed without a word (only
+                # read() raises IncompleteRead): what Content-Length still promised was cut off,
+                # and a cut answer that happens to parse must not pass for the whole one.
+                short = response.length
         except http.client.HTTPException as exc:  # not an OSError: IncompleteRead, BadStatusLine, ...
             raise ApiError(f"{method} {path}: {type(exc).__name__}: {exc!r}"[:500]) from exc
         if len(raw) > max_bytes:
             raise ApiError(f"{method} {path}: answer larger than {max_bytes} bytes")
+        if short:
+            raise ApiError(
+                f"{method} {path}: the answer was cut off {short} bytes short of its Content-Length"
+            )
         try:
             return parse(raw) if raw else None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
             raise ApiError(f"{method} {path}: the answer is not JSON: {exc}"[:500]) from exc
+        except RecursionError:  # nested deeper than the parser follows: refused, not a crash
+            raise ApiError(f"{method} {path}: the answer is nested too deep") from None
 
 
 def client_configuration(kubeconfig: str | None) -> Any:
