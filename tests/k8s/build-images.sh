@@ -10,7 +10,9 @@
 #           Kubeflow training operator's static binary (build-go-command.sh training-operator), the
 #           TFJob controller that runs the TFJob example for real;
 #   library-check  localhost/library-check:<hash>: an application image that sets ENV
-#           LD_LIBRARY_PATH for a library of its own (tests/k8s/images/library-check.c), a few MiB.
+#           LD_LIBRARY_PATH for a library of its own (tests/k8s/images/library-check.c), a few MiB;
+#   hostile-root  localhost/hostile-root:<case>-<hash>: that image made hostile, one per case of
+#           tests/support/hostile_roots.py, for the CDI hook on a real node.
 #
 #   bash tests/k8s/build-images.sh            # prints the images directory (last stdout line)
 #
@@ -161,10 +163,10 @@ LIBC="$(readlink -f /lib/x86_64-linux-gnu/libc.so.6)"
 LOADER="$(readlink -f /lib64/ld-linux-x86-64.so.2)"
 LC_KEY="$( { cat "$HERE/images/library-check.c" "$HERE/images/image-library.c"; sha256sum <"$LIBC"; } | key_of)"
 LC_REF="localhost/library-check:$LC_KEY"
-if [[ "$(label_of "$LC_REF")" != "$LC_KEY" ]]; then
-    log "library-check: scratch image with this host's glibc"
-    tmp="$(mktemp -d)"
-    root="$tmp/root"
+LC_ROOT="$CACHE_ROOT/library-check-root-$LC_KEY"  # kept: the hostile images below start from it
+if [[ ! -x "$LC_ROOT/check" ]]; then
+    rm -rf "$CACHE_ROOT"/library-check-root-* "$LC_ROOT.tmp"
+    root="$LC_ROOT.tmp"
     mkdir -p "$root/lib/x86_64-linux-gnu" "$root/lib64" "$root/etc/ld.so.conf.d" "$root/opt/imglib" \
         "$root/proc" "$root/sys" "$root/dev" "$root/tmp"
     cp "$LIBC" "$root/lib/x86_64-linux-gnu/libc.so.6"
@@ -173,15 +175,43 @@ if [[ "$(label_of "$LC_REF")" != "$LC_KEY" ]]; then
     gcc -O2 -o "$root/check" "$HERE/images/library-check.c"
     gcc -O2 -shared -fPIC -Wl,-soname,libimg.so -o "$root/opt/imglib/libimg.so" "$HERE/images/image-library.c"
     ldconfig -r "$root"
+    mv "$root" "$LC_ROOT"
+fi
+scratch_image() { # scratch_image ROOT REF KEY [config args...]: an image of ROOT's files, /check its entrypoint
+    local root=$1 ref=$2 key=$3 ctr
+    shift 3
     ctr="$("${BR[@]}" from scratch)"
     "${BR[@]}" copy "$ctr" "$root" / >/dev/null
-    "${BR[@]}" config --env LD_LIBRARY_PATH=/opt/imglib --entrypoint '["/check"]' --cmd '' \
-        --annotation "io.ix-gpu.test.key=$LC_KEY" "$ctr"
-    "${BR[@]}" commit -q "$ctr" "$LC_REF" >/dev/null
+    "${BR[@]}" config --entrypoint '["/check"]' --cmd '' --annotation "io.ix-gpu.test.key=$key" "$@" "$ctr"
+    "${BR[@]}" commit -q "$ctr" "$ref" >/dev/null
     "${BR[@]}" rm "$ctr" >/dev/null
-    rm -rf "$tmp"
+}
+if [[ "$(label_of "$LC_REF")" != "$LC_KEY" ]]; then
+    log "library-check: scratch image with this host's glibc"
+    scratch_image "$LC_ROOT" "$LC_REF" "$LC_KEY" --env LD_LIBRARY_PATH=/opt/imglib
 fi
 LC_ARCHIVE="$(archive "$LC_REF" "$LC_KEY" library-check)"
+
+# ---------------------------------------------------------------- hostile roots
+# The library-check root made hostile, one image per case of tests/support/hostile_roots.py (links
+# into /proc/1/root/var/lib/ix-gpu-tier/hook-target, FIFOs, loops, ...): a tenant's image as the
+# CDI hook meets it on a real node. A few MiB each.
+PY="$ROOT/.venv/bin/python"
+[[ -x "$PY" ]] || PY=python3
+HR_KEY="$( { echo "$LC_KEY"; cat "$ROOT/tests/support/hostile_roots.py"; } | key_of)"
+HOSTILE_JSON=""
+for case in $(cd "$ROOT" && "$PY" -m tests.support.hostile_roots /); do
+    ref="localhost/hostile-root:$case-$HR_KEY"
+    if [[ "$(label_of "$ref")" != "$HR_KEY" ]]; then
+        tmp="$(mktemp -d)"
+        cp -a "$LC_ROOT/." "$tmp/"
+        (cd "$ROOT" && "$PY" -m tests.support.hostile_roots "$tmp" "$case") || die "hostile root $case"
+        scratch_image "$tmp" "$ref" "$HR_KEY"
+        rm -rf "$tmp"
+    fi
+    archive_file="$(archive "$ref" "$HR_KEY" "hostile-$case")"
+    HOSTILE_JSON+="${HOSTILE_JSON:+, }\"$case\": {\"ref\": \"$ref\", \"archive\": \"$archive_file\"}"
+done
 
 cat >"$OUT/images.json" <<JSON
 {
@@ -189,7 +219,8 @@ cat >"$OUT/images.json" <<JSON
   "pause": {"ref": "$PAUSE_REF", "archive": "$PAUSE_ARCHIVE"},
   "ix-gpu": {"ref": "$PROJECT_REF", "repository": "$PROJECT_REPO", "tag": "$PROJECT_KEY", "archive": "$PROJECT_ARCHIVE"},
   "training-operator": {"ref": "$TO_REF", "archive": "$TO_ARCHIVE"},
-  "library-check": {"ref": "$LC_REF", "archive": "$LC_ARCHIVE"}
+  "library-check": {"ref": "$LC_REF", "archive": "$LC_ARCHIVE"},
+  "hostile-roots": {$HOSTILE_JSON}
 }
 JSON
 log "done: $OUT/images.json"

@@ -286,7 +286,10 @@ class MiniCluster:
             "runtime": self.runtime,
             "kube_proxy": str(self.binaries.kube_proxy) if self.binaries else None,
             "images": (
-                {k: str(v) for k, v in dataclasses.asdict(self.real_nodes.images).items()}
+                {
+                    k: str(v) if isinstance(v, Path) else v
+                    for k, v in dataclasses.asdict(self.real_nodes.images).items()
+                }
                 if self.real_nodes and self.real_nodes.images
                 else None
             ),

@@ -836,6 +836,9 @@ class Images:
     training_operator_archive: Path
     library_check_ref: str
     library_check_archive: Path
+    hostile_root_refs: dict[str, str]
+    """Each hostile root's case (tests/support/hostile_roots.py IMAGE_CASES) → its image."""
+    hostile_root_archives: tuple[str, ...]
     containerd_bin: Path
 
 
@@ -861,6 +864,8 @@ def build_images() -> Images:
         training_operator_archive=Path(data["training-operator"]["archive"]),
         library_check_ref=data["library-check"]["ref"],
         library_check_archive=Path(data["library-check"]["archive"]),
+        hostile_root_refs={case: image["ref"] for case, image in data["hostile-roots"].items()},
+        hostile_root_archives=tuple(image["archive"] for image in data["hostile-roots"].values()),
         containerd_bin=Path(last_lines[CONTAINERD_SCRIPT]),
     )
 
@@ -915,6 +920,7 @@ class RealNodes:
             images.project_archive,
             images.training_operator_archive,
             images.library_check_archive,
+            *map(Path, images.hostile_root_archives),
         )
         for spec in self.specs:
             self.nodes[spec.name] = start_real_node(

@@ -63,6 +63,7 @@ from tests.k8s.real_release import (
 )
 from tests.k8s.real_release import NAMESPACE as RELEASE_NAMESPACE
 from tests.support.cli import ix_gpu
+from tests.support.hostile_roots import IMAGE_CASES, TIER_TARGET, host_target, snapshot
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
@@ -81,6 +82,11 @@ SHARED_BOARDS = "shared2"
 INJECTED = "ix-gpu.io/injected"
 NODES = {spec.name: spec for spec in REAL_NODES}
 
+
+NO_LIBRARY_PATH = "LD_LIBRARY_PATH="
+"""What a pod of the project image that sets no LD_LIBRARY_PATH has in this module: the image sets
+none, and the webhook merges the profile's only into a value the pod sets (every GPU of this
+release comes through CDI, so the chart's keepImageLibraryPath auto is true)."""
 
 STALE_READY_S = 85
 STALE_ALERT_S = 75
@@ -104,7 +110,7 @@ def dra_values(images: Images) -> dict[str, Any]:
     values["plugin"]["telemetryInterval"] = 1
     # A webhook replica whose caches heard nothing for 85 s turns not-ready: past the minute a
     # quiet watch waits for its bookmark, within the 90 s apiserver outage at the module's end.
-    values["webhook"]["cacheMaxStalenessSeconds"] = STALE_READY_S
+    values.setdefault("webhook", {})["cacheMaxStalenessSeconds"] = STALE_READY_S
     return values
 
 
@@ -547,8 +553,10 @@ def test_a_bi_v100_claim_is_scheduled_to_gpu_b_and_its_pod_sees_exactly_its_chip
     # The webhook injected the profile for the DeviceClass: the driver root, read-only.
     assert pod["metadata"]["annotations"][INJECTED].startswith("iluvatar@"), pod["metadata"]
     assert "driver root: read-only 30" in lines and "driver root: fake-ixml-devices lib64" in lines, lines
-    # The claim's CDI spec sets no variable: the LD_LIBRARY_PATH is the webhook's.
-    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
+    # The claim's CDI spec sets no variable, nor does the webhook where the pod sets none (every GPU
+    # of this release comes through CDI: keepImageLibraryPath auto): the image's (none) stands, and
+    # the linker cache finds the driver (the library tests below load it).
+    assert NO_LIBRARY_PATH in lines, lines
     # The kubelet's CDI device ID for the claim, as containerd logged it, names our spec's device.
     uid = claim["metadata"]["uid"]
     (spec_file,) = [p for p in cdi_specs("gpu-b") if p.name == f"iluvatar.com-gpu-claim-{uid}.json"]
@@ -593,7 +601,7 @@ def test_the_seed_pod_unchanged_gets_its_gpu_from_dra_through_the_extended_resou
     lines = check_output(release, namespace, "corex-example")
     assert lines[0] == f"given: /dev/iluvatar{index}", lines
     assert lines[1] == f"opened: /dev/iluvatar{index}", lines
-    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
+    assert NO_LIBRARY_PATH in lines, lines
     request_ok(api, "DELETE", ns)
 
 
@@ -642,7 +650,7 @@ def test_a_tfjob_unchanged_gets_its_worker_gpu_from_dra_through_the_extended_res
     assert (result["driver"], result["pool"]) == (DRIVER, pod["spec"]["nodeName"]), result
     lines = check_output(release, namespace, "mnist-worker-0")
     assert lines[0] == f"given: /dev/iluvatar{result['device'].removeprefix('gpu-')}", lines
-    assert "LD_LIBRARY_PATH=/usr/local/corex/lib64" in lines, lines
+    assert NO_LIBRARY_PATH in lines, lines
     print(f"\nTFJob worker on {pod['spec']['nodeName']}: {status}, {result['device']}")
     request_ok(api, "DELETE", f"{group_version}/namespaces/{namespace}/tfjobs/mnist")
     request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
@@ -789,9 +797,7 @@ import os, sys
 target = sys.argv[1]
 os.symlink(target, "/cache/ldconfig")  # /var/cache/ldconfig: ldconfig's aux-cache goes there
 with open("/conf/tenant.conf", "w") as conf:  # /etc/ld.so.conf.d: the host's libraries named
-    conf.write(f"{target}/lib
-include {target}/*.conf
-")
+    conf.write(f"{target}/lib\n" f"include {target}/*.conf\n")
 """
 
 
@@ -849,6 +855,48 @@ def test_a_tenants_volumes_cannot_point_the_linker_cache_hook_at_the_host(releas
     assert "libhost" not in cache and CDI_LIBRARY in cache, cache
     request_ok(api, "DELETE", ns)
     shutil.rmtree(host)
+
+
+def hostile_pods_run(release: Release, ns: str, pods: list[dict[str, Any]]) -> None:
+    """Create ``pods`` (hostile images, tests/support/hostile_roots.py) in ``ns`` (a path) with the
+    host directory they aim at in place: each runs, and no file of that directory is created or
+    changed."""
+    namespace = ns.rsplit("/", 1)[1]
+    target = Path(TIER_TARGET)
+    shutil.rmtree(target, ignore_errors=True)
+    host_target(target)
+    before = snapshot(target)
+    try:
+        for pod in pods:
+            request_ok(release.api, "POST", f"{ns}/pods", pod)
+        for pod in pods:
+            wait_running(release.api, namespace, pod["metadata"]["name"], timeout=120)
+        assert snapshot(target) == before
+    finally:
+        request_ok(release.api, "DELETE", ns)
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def hostile_pod(release: Release, case: str, claim: bool) -> dict[str, Any]:
+    """A pod of the hostile image ``case``: with a claim of template ``g``, else one GPU."""
+    nodes = release.cluster.real_nodes
+    assert nodes is not None and nodes.images is not None
+    image = nodes.images.hostile_root_refs[case]
+    pod = image_library_pod(f"h-{secrets.token_hex(2)}", image, "g" if claim else None)
+    pod["metadata"]["labels"] = {"case": case[:63].rstrip("-")}
+    return pod
+
+
+def test_a_pod_of_each_hostile_image_runs_through_dra_and_no_host_file_changes(release: Release) -> None:
+    """One pod per hostile image (links from /etc, /var/cache/ldconfig and the cache into
+    ``/proc/1/root<host dir>``, a SONAME with a newline, host paths in ld.so.conf, loops, a huge
+    ld.so.conf, FIFOs), each with a claim: the claim's CDI hook runs over each under the node's
+    runc, every pod runs, and the host directory they aim at is as it was."""
+    namespace = f"hostile-img-{secrets.token_hex(3)}"
+    ns = new_namespace(release.api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    request_ok(release.api, "POST", templates, claim_template("g", None))
+    hostile_pods_run(release, ns, [hostile_pod(release, case, claim=True) for case in IMAGE_CASES])
 
 
 def test_two_pods_sharing_one_claim_get_the_same_chip(release: Release) -> None:
@@ -977,6 +1025,13 @@ def test_the_plugins_token_may_write_only_its_own_nodes_slice(release: Release) 
     path = f"{RESOURCE_API}/resourceslices/{counters['metadata']['name']}"
     status, reply = api.request("PUT", path, counters, token=token)
     assert status == 200, reply
+    # Its node it may only read: no metadata (a finalizer, an ownerReference), no status.
+    merge = "application/merge-patch+json"
+    for subresource, change in (("", {"metadata": {"finalizers": ["x/y"]}}), ("/status", {"status": {}})):
+        status, reply = api.request(
+            "PATCH", f"/api/v1/nodes/gpu-a{subresource}", change, token=token, content_type=merge
+        )
+        assert status == 403, (subresource, status, reply)
 
 
 # --------------------------------------------------------------------------- plugin life
@@ -1251,6 +1306,19 @@ def test_an_image_that_sets_its_library_path_keeps_it_through_the_cdi_device_plu
         libraries = image_libraries(release, ns, pod)
         assert {k: libraries.get(k) for k in IMAGE_LIBRARIES} == IMAGE_LIBRARIES, (ns, libraries)
         request_ok(api, "DELETE", ns)
+
+
+def test_hostile_images_through_the_cdi_device_plugin_change_no_host_file(release: Release) -> None:
+    """gpu-a is the device plugin's now, with ``deviceListStrategy: cdi``: the escapes of the
+    hook's first form (``/etc`` and ``/var/cache/ldconfig`` linked into the host, a SONAME with a
+    newline) and a FIFO as the cache, one pod each on gpu-a's four chips, all run, and the host
+    directory they aim at is as it was."""
+    cases = [c for c in IMAGE_CASES if c.startswith(("etc-", "aux-cache", "a-soname", "fifos"))]
+    assert len(cases) == 4, cases
+    pods = [hostile_pod(release, case, claim=False) for case in cases]
+    for pod in pods:
+        pod["spec"]["nodeName"] = "gpu-a"
+    hostile_pods_run(release, new_namespace(release.api, f"hostile-dp-{secrets.token_hex(3)}"), pods)
 
 
 def test_an_unhealthy_chip_shows_in_the_status_of_a_device_plugin_pod_using_it(release: Release) -> None:

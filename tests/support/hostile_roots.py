@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,11 +91,18 @@ def hostile(name: str) -> Callable[[Callable[[Path, str], None]], Callable[[Path
     return register
 
 
-def link(path: Path, target: str) -> None:
+def clear(path: Path) -> Path:
+    """``path`` with nothing there (what the image had is replaced), its parent made."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.symlink_to(target)
+    return path
+
+
+def link(path: Path, target: str) -> None:
+    clear(path).symlink_to(target)
 
 
 @hostile("aux-cache dir is a link to the host")
@@ -154,9 +163,8 @@ def _huge(rootfs: Path, out: str) -> None:
 
 @hostile("FIFOs in place of the cache and the aux-cache")
 def _fifos(rootfs: Path, out: str) -> None:
-    os.mkfifo(rootfs / "etc/ld.so.cache")
-    (rootfs / "var/cache/ldconfig").mkdir(parents=True)
-    os.mkfifo(rootfs / "var/cache/ldconfig/aux-cache")
+    os.mkfifo(clear(rootfs / "etc/ld.so.cache"))
+    os.mkfifo(clear(rootfs / "var/cache/ldconfig/aux-cache"))
 
 
 @hostile("dev is a link to the host")
@@ -235,3 +243,28 @@ def runc_create(runc: str, bundle: Path, name: str, errors: Path) -> int:
 
 def runc_delete(runc: str, name: str) -> None:
     subprocess.run([runc, "delete", "--force", name], capture_output=True, timeout=60, check=False)
+
+
+IMAGE_CASES = {
+    re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"): name for name in HOSTILE if name not in RUNC_REFUSES
+}
+"""The hostile roots an image can carry to a real node (those runc itself refuses never start), by
+the name their image is tagged with (tests/k8s/build-images.sh)."""
+TIER_TARGET = "/var/lib/ix-gpu-tier/hook-target"
+"""The host directory the tier's hostile images aim at (``/proc/1/root`` + it), fixed at build time."""
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.support.hostile_roots ROOT``: prints the image cases, one per line;
+    ``... ROOT CASE``: makes ROOT (a copy of a benign image root) that case, aimed at the tier's
+    target."""
+    if len(argv) == 1:
+        print("\n".join(IMAGE_CASES))
+        return 0
+    root, case = Path(argv[0]), argv[1]
+    HOSTILE[IMAGE_CASES[case]](root, f"/proc/1/root{TIER_TARGET}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
