@@ -351,13 +351,18 @@ class Policy(_Model):
     """Namespaces (names or globs) where a profile with ``privileged: allowed|required`` may set
     privileged."""
     conflict_policy: ConflictPolicy = ConflictPolicy.KEEP_USER
-    namespace_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.ALLOW_UNMODIFIED
-    """What the service does when it cannot learn a namespace's annotations and labels."""
-    claim_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.ALLOW_UNMODIFIED
+    namespace_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.DENY
+    """What the service does when it cannot learn a namespace's annotations and labels within its
+    lookup budget (a namespace created a moment ago, read while the API server restarts): ``deny``
+    refuses the GPU object with a retriable message, which controllers and clients retry;
+    ``allow-unmodified`` admits it with no injection (it then fails on its GPU node, far from
+    its cause), warns, and counts ``ix_gpu_admission_allowed_unmodified_total``. ``deny`` is what
+    a webhook registered with ``failurePolicy: Fail`` promises, and the default."""
+    claim_lookup_failure: NamespaceLookupFailure = NamespaceLookupFailure.DENY
     """What the webhook does when a container references a resource claim whose device classes it
     cannot learn (its watch has not synced, or the ResourceClaim or ResourceClaimTemplate is not
-    there yet): ``allow-unmodified`` injects nothing for that claim and warns; ``deny`` refuses the
-    object. Only asked when a profile names ``deviceClasses``."""
+    there yet): ``deny`` (default) refuses the object; ``allow-unmodified`` injects nothing for that
+    claim, warns and counts. Only asked when a profile names ``deviceClasses``."""
 
 
 def _builtin_workloads() -> tuple[Workload, ...]:

@@ -25,6 +25,7 @@ ALERTS = {
     "IxGpuWebhookLatencyHigh",
     "IxGpuWebhookCertificateExpiring",
     "IxGpuNamespaceCacheStale",
+    "IxGpuAdmittedWithoutInjection",
 }
 
 

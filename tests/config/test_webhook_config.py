@@ -187,8 +187,9 @@ def test_the_host_driver_example_is_the_previous_nvidia_default() -> None:
     # Pinned: a change here changes the injected annotation of every object mutated under this
     # config (its next pass strips and re-injects the same items). It was the built-in default's
     # digest before NVIDIA left the driver to the toolkit; DRA (deviceClasses,
-    # policy.claimLookupFailure) changed it, and again the any-form DeviceClass (boards and chips).
-    assert config.digest() == "3b5d0c8328"
+    # policy.claimLookupFailure) changed it, again the any-form DeviceClass (boards and chips), and
+    # the lookup policies' defaults turning deny.
+    assert config.digest() == "bc04628fa9"
 
 
 @pytest.mark.parametrize(
@@ -300,8 +301,10 @@ def test_device_classes_map_to_profiles_and_the_iluvatar_default_has_its_own() -
     ]
     dumped = config.model_dump(mode="json", by_alias=True)
     assert dumped["profiles"][0]["deviceClasses"] == ["gpu.iluvatar.com", "any.gpu.iluvatar.com"]
-    assert dumped["policy"]["claimLookupFailure"] == "allow-unmodified"
-    assert parse_config({"policy": {"claimLookupFailure": "deny"}}).policy.claim_lookup_failure == "deny"
+    assert dumped["policy"]["claimLookupFailure"] == "deny"
+    assert dumped["policy"]["namespaceLookupFailure"] == "deny"
+    allow = parse_config({"policy": {"claimLookupFailure": "allow-unmodified"}})
+    assert allow.policy.claim_lookup_failure == "allow-unmodified"
 
 
 def test_unset_device_classes_leave_the_digest_alone() -> None:

@@ -82,6 +82,15 @@ UNIT_TESTS: dict[str, Any] = {
                     "series": f'ix_gpu_namespace_cache_staleness_seconds{{{WEBHOOK},pod="wh-b"}}',
                     "values": "30x22",
                 },
+                # A namespace lookup fails under allow-unmodified at minute 2, once.
+                {
+                    "series": f'ix_gpu_admission_allowed_unmodified_total{{{WEBHOOK},lookup="namespace"}}',
+                    "values": "0 0 1x20",
+                },
+                {
+                    "series": f'ix_gpu_admission_allowed_unmodified_total{{{WEBHOOK},lookup="claim"}}',
+                    "values": "0x22",
+                },
                 # Internal errors from minute 2; 100 admissions a minute, 10 of them between 0.5
                 # and 1 s from minute 2 (p99 0.95 s), none before.
                 {
@@ -212,6 +221,27 @@ UNIT_TESTS: dict[str, Any] = {
                         },
                     },
                 ),
+                alert("IxGpuAdmittedWithoutInjection", "1m"),
+                alert(
+                    "IxGpuAdmittedWithoutInjection",
+                    "3m",
+                    {
+                        "exp_labels": {
+                            "namespace": "ix-gpu-system",
+                            "lookup": "namespace",
+                            "severity": "warning",
+                        },
+                        "exp_annotations": {
+                            "summary": "ix-gpu admitted GPU objects without their injection: a namespace "
+                            "could not be read",
+                            "description": "policy.namespaceLookupFailure or claimLookupFailure is "
+                            "allow-unmodified, and GPU pods were admitted with no driver setup in the last "
+                            "10 minutes; they fail on their GPU nodes. deny refuses them instead, and their "
+                            "creators retry.",
+                            "runbook": runbook("IxGpuAdmittedWithoutInjection"),
+                        },
+                    },
+                ),
                 alert("IxGpuNamespaceCacheStale", "3m"),
                 alert(
                     "IxGpuNamespaceCacheStale",
@@ -288,7 +318,7 @@ def run_promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rendered_rules(rules_dir: Path) -> None:
     result = run_promtool("check", "rules", "rules.yml", cwd=rules_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout, result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout, result.stdout
 
 
 def test_every_alert_fires_after_its_for_and_not_below_its_threshold(rules_dir: Path) -> None:

@@ -163,24 +163,30 @@ def test_the_webhook_injects_a_dra_pod_whose_template_it_watched(
         )
         assert api.count("get") == gets
 
+        # A claim it never learns: refused by default (claimLookupFailure: deny), never admitted
+        # without its injection.
         unknown = webhook.post_review(review(_dra_pod("never"), namespace="team-a"))["response"]
-        assert unknown["allowed"] is True and "patch" not in unknown
-        assert any("policy.claimLookupFailure" in w for w in unknown["warnings"])
+        assert unknown["allowed"] is False
+        assert "policy.claimLookupFailure is deny" in unknown["status"]["message"]
 
 
-def test_an_unknown_claim_is_denied_under_deny(api: FakeApiServer, tmp_path: Path, cert_dir: Path) -> None:
+def test_an_unknown_claim_is_admitted_unmodified_only_when_configured_and_counted(
+    api: FakeApiServer, tmp_path: Path, cert_dir: Path
+) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(
-        "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\npolicy:\n  claimLookupFailure: deny\n"
+        "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\n"
+        "policy:\n  claimLookupFailure: allow-unmodified\n"
     )
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     api.serves_dra = False  # the caches never sync: every claim is unknown
     with WebhookProcess(tmp_path, cert_dir, config=config, kubeconfig=kubeconfig, extra=FAST).start(
         ready=True  # readiness does not wait for the claim caches
     ) as webhook:
-        denied = webhook.post_review(review(_dra_pod("gpu"), namespace="team-a"))["response"]
-        assert denied["allowed"] is False
-        assert "policy.claimLookupFailure is deny" in denied["status"]["message"]
+        allowed = webhook.post_review(review(_dra_pod("gpu"), namespace="team-a"))["response"]
+        assert allowed["allowed"] is True and "patch" not in allowed
+        assert any("policy.claimLookupFailure" in w for w in allowed["warnings"])
+        assert webhook.metric("ix_gpu_admission_allowed_unmodified_total", lookup="claim") == 1
         plain = webhook.post_review(review(pod(namespace="team-a"), namespace="team-a"))["response"]
         assert plain["auditAnnotations"]["decision"] == "mutated"  # limits-based pods as before
 
@@ -207,8 +213,8 @@ def test_a_pod_sent_just_before_its_claim_templates_watch_event_waits_for_it(
         started = time.monotonic()
         unknown = webhook.post_review(review(_dra_pod("never"), namespace="team-a"))["response"]
         waited = time.monotonic() - started
-        assert unknown["allowed"] is True and "patch" not in unknown
-        assert any("policy.claimLookupFailure" in w for w in unknown["warnings"])
+        assert unknown["allowed"] is False  # claimLookupFailure: deny, the default
+        assert "policy.claimLookupFailure is deny" in unknown["status"]["message"]
         assert ARRIVAL_WAIT <= waited < ARRIVAL_WAIT + 3, waited  # bounded: one wait, then the answer
         with webhook.client() as client:
             metrics = client.get("/metrics").text

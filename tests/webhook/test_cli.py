@@ -224,8 +224,26 @@ def test_mutate_injects_the_board_chip_and_memory_share_examples() -> None:
         assert corex["volumeMounts"][0]["mountPath"] == "/usr/local/corex"
 
 
-def test_mutate_a_dra_pod_without_claim_facts_warns_and_leaves_it() -> None:
+def test_mutate_a_dra_pod_without_claim_facts_says_it_would_be_refused() -> None:
+    """Without ``--claims`` its claim is unknown, and ``claimLookupFailure: deny`` (the default)
+    refuses it, as the webhook would: exit 1 and the reason."""
     result = ix_gpu("mutate", "-f", str(DRA), "--patch")
+    assert result.returncode == 1, result.stderr
+    assert (
+        'Pod/corex-dra denied: container "corex": the device classes of ResourceClaimTemplate "bi-v100" '
+        'in namespace "default" are not known to the webhook; policy.claimLookupFailure is deny'
+    ) in result.stderr
+
+
+def test_mutate_a_dra_pod_without_claim_facts_warns_and_leaves_it_under_allow_unmodified(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "apiVersion: ix-gpu.io/v1alpha1\nkind: WebhookConfig\n"
+        "policy:\n  claimLookupFailure: allow-unmodified\n"
+    )
+    result = ix_gpu("mutate", "-f", str(DRA), "--patch", "--config", str(config))
     assert result.returncode == 0, result.stderr
     assert result.stdout == "[]\n[]\n"
     assert (

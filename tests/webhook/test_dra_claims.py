@@ -37,7 +37,7 @@ from tests.support.objects import (
 )
 
 DEFAULT = CompiledConfig(default_config())
-DENY = CompiledConfig(parse_config({"policy": {"claimLookupFailure": "deny"}}))
+ALLOW = CompiledConfig(parse_config({"policy": {"claimLookupFailure": "allow-unmodified"}}))
 NO_CLASSES = CompiledConfig(
     parse_config({"profiles": [{"name": "iluvatar", "resources": ["iluvatar.com/gpu"]}]})
 )
@@ -164,18 +164,19 @@ def test_claims_are_looked_up_in_the_objects_namespace() -> None:
         containers=[container("main", claims=["gpu"])],
         resource_claims=[pod_claim("gpu", template="elsewhere")],
     )
-    result = mutate(obj, "CREATE", TEAM, DEFAULT, CLAIMS)
+    result = mutate(obj, "CREATE", TEAM, ALLOW, CLAIMS)
     assert result.decision is Decision.SKIPPED
     assert 'ResourceClaimTemplate "elsewhere" in namespace "team"' in result.warnings[0]
 
 
 @pytest.mark.parametrize("template", [True, False], ids=["template", "claim"])
-def test_an_unknown_claim_is_allowed_unmodified_with_a_warning(template: bool) -> None:
+def test_an_unknown_claim_is_allowed_unmodified_with_a_warning_when_configured(template: bool) -> None:
     ref = pod_claim("gpu", template="new") if template else pod_claim("gpu", claim="new")
     obj = pod(containers=[container("main", claims=["gpu"])], resource_claims=[ref])
-    result = mutate(obj, "CREATE", TEAM, DEFAULT, UNKNOWN_CLAIMS)
+    result = mutate(obj, "CREATE", TEAM, ALLOW, UNKNOWN_CLAIMS)
     kind = "ResourceClaimTemplate" if template else "ResourceClaim"
     assert result.decision is Decision.SKIPPED and result.ops == []
+    assert result.allowed_unknown == "claim"  # counted and alerted on
     assert "policy.claimLookupFailure" in result.reason
     assert result.warnings == [
         f'ix-gpu did not inject GPU settings for container "main": the device classes of {kind} "new" '
@@ -183,11 +184,11 @@ def test_an_unknown_claim_is_allowed_unmodified_with_a_warning(template: bool) -
     ]
 
 
-def test_an_unknown_claim_is_denied_under_deny() -> None:
+def test_an_unknown_claim_is_denied_by_default() -> None:
     obj = pod(
         containers=[container("main", claims=["gpu"])], resource_claims=[pod_claim("gpu", template="new")]
     )
-    result = mutate(obj, "CREATE", TEAM, DENY, UNKNOWN_CLAIMS)
+    result = mutate(obj, "CREATE", TEAM, DEFAULT, UNKNOWN_CLAIMS)
     assert result.decision is Decision.DENIED
     assert result.reason == (
         'container "main": the device classes of ResourceClaimTemplate "new" in namespace "team" are not '
@@ -200,8 +201,8 @@ def test_an_unknown_claim_leaves_a_limits_gpu_container_injected() -> None:
         containers=[container("main", 1), container("dra", claims=["gpu"])],
         resource_claims=[pod_claim("gpu", template="new")],
     )
-    result = mutate(obj, "CREATE", TEAM, DEFAULT, UNKNOWN_CLAIMS)
-    assert result.decision is Decision.MUTATED
+    result = mutate(obj, "CREATE", TEAM, ALLOW, UNKNOWN_CLAIMS)
+    assert result.decision is Decision.MUTATED and result.allowed_unknown == "claim"
     assert not any("/containers/1/" in op["path"] for op in result.ops)
     assert any("claimLookupFailure" in w for w in result.warnings)
 

@@ -319,6 +319,21 @@ def _apiserver_defaults(pod: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _uses_unknown_claim(pod: dict[str, Any]) -> bool:
+    """A container of ``pod`` refers to a pod claim whose facts the webhook does not know."""
+    unknown = {
+        c.get("name")
+        for c in pod["spec"].get("resourceClaims", [])
+        if isinstance(c, dict) and CLAIM_REQUESTS.get(str(c.get("name"))) is None
+    }
+    return any(
+        isinstance(ref, dict) and ref.get("name") in unknown
+        for key in ("containers", "initContainers")
+        for container in pod["spec"].get(key, [])
+        for ref in ((container.get("resources") or {}).get("claims") or [])
+    )
+
+
 @SETTINGS
 @given(pod=pods(), namespace=namespaces, config_index=st.integers(0, 1))
 def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts, config_index: int) -> None:
@@ -328,8 +343,11 @@ def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts,
     result = mutate(pod, "CREATE", namespace, config, CLAIMS)
     assert pod == original, "mutate() must not modify its input"
     if result.decision is Decision.DENIED:
-        # Only privileged: required can deny, and neither config requires it.
-        raise AssertionError(result.reason)
+        # Neither config requires privileged, so only an unknown claim can deny: claimLookupFailure
+        # is deny by default, and a GPU pod is never admitted without its injection.
+        assert "policy.claimLookupFailure is deny" in result.reason, result.reason
+        assert _uses_unknown_claim(pod), result.reason
+        return
     mutated = jsonpatch.apply_patch(pod, result.ops)
     validate(mutated)
     _check_semantics(mutated)

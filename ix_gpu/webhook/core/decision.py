@@ -51,6 +51,9 @@ class MutationResult:
     profiles: tuple[str, ...] = ()
     pod_security_unchecked: bool = False
     """hostPath was injected while the namespace's Pod Security level was unknown."""
+    allowed_unknown: str = ""
+    """``namespace`` or ``claim``: what ``allow-unmodified`` let through without its injection,
+    counted (``ix_gpu_admission_allowed_unmodified_total``) and alerted on."""
 
     @property
     def allowed(self) -> bool:

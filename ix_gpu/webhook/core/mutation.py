@@ -205,9 +205,8 @@ def mutate(
             reason = (
                 "resource claims the webhook could not learn; allowed unmodified by policy.claimLookupFailure"
             )
-            return MutationResult(
-                Decision.MUTATED if stale_ops else Decision.SKIPPED, stale_ops, [*claim_warnings], reason
-            )
+            decision = Decision.MUTATED if stale_ops else Decision.SKIPPED
+            return MutationResult(decision, stale_ops, [*claim_warnings], reason, allowed_unknown="claim")
         if stale_ops:
             reason = "removed what an earlier config injected; nothing to inject now"
             return MutationResult(Decision.MUTATED, stale_ops, [], reason)
@@ -247,7 +246,12 @@ def mutate(
     profiles = tuple(run.profiles_used)
     if run.conflicts and config.policy.conflict_policy.value == "deny":
         return denied("conflicts with the user's settings: " + "; ".join(run.conflicts), run.warnings)
+    allowed_unknown = "claim" if claim_warnings else ""
     if run.ops:
         reason = f"injected {'+'.join(profiles)}@{config.digest}"
-        return MutationResult(Decision.MUTATED, run.ops, warnings, reason, profiles, unchecked)
-    return MutationResult(Decision.UNCHANGED, [], warnings, "already injected", profiles)
+        return MutationResult(
+            Decision.MUTATED, run.ops, warnings, reason, profiles, unchecked, allowed_unknown
+        )
+    return MutationResult(
+        Decision.UNCHANGED, [], warnings, "already injected", profiles, False, allowed_unknown
+    )

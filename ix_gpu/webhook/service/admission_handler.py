@@ -69,6 +69,8 @@ class Answer:
     metric_kind: str = UNKNOWN
     decision: str = "error"
     pod_security_unchecked: bool = False
+    allowed_unknown: str = ""
+    """What allow-unmodified let through uninjected (``namespace``, ``claim``), for its counter."""
     namespace_hit: bool = False
     """The namespace's facts came from memory (counted as a lookup hit)."""
     internal_error: str | None = None
@@ -230,6 +232,7 @@ class AdmissionHandler:
             metric_kind=review.kind if workload else OTHER,
             decision=decision,
             pod_security_unchecked=result.pod_security_unchecked,
+            allowed_unknown=result.allowed_unknown,
             namespace_hit=hit,
             internal_error=internal_error,
             claims_missed=tuple(claims.missed) if claims.missed else (),
@@ -298,6 +301,8 @@ class AdmissionHandler:
         self._metrics.count_request(answer.metric_kind, operation, answer.decision)
         if answer.pod_security_unchecked:
             self._metrics.unchecked_pod_security.inc()
+        if answer.allowed_unknown:
+            self._metrics.allowed_unmodified.labels(answer.allowed_unknown).inc()
         elapsed = time.perf_counter() - started
         self._metrics.duration.observe(elapsed)
         fields = answer.fields  # this answer's own, and this is its last use
@@ -324,9 +329,13 @@ class AdmissionHandler:
         # Whatever the core said without namespace facts — a denial too, since an opted-out
         # namespace would have skipped before quantities were checked — policy decides.
         if config.policy.namespace_lookup_failure is NamespaceLookupFailure.DENY:
-            return denied(f"{reason}; policy.namespaceLookupFailure is deny")
+            return denied(
+                f"{reason}; refused rather than created without its GPU settings "
+                "(policy.namespaceLookupFailure: deny): create it again in a moment"
+            )
         return MutationResult(
             Decision.SKIPPED,
             warnings=[f"ix-gpu did not inject GPU settings: {reason} (policy.namespaceLookupFailure)"],
             reason=f"{reason}; allowed unmodified by policy.namespaceLookupFailure",
+            allowed_unknown="namespace",
         )

@@ -91,8 +91,16 @@ class ServiceMetrics:
         )
         self.namespace_lookups = Counter(
             "ix_gpu_namespace_lookups",
-            "Namespace fact lookups: hit (cache), fetched (direct GET on a miss), absent (404), failed.",
+            "Namespace fact lookups: hit (cache), fetched (direct GET on a miss), absent (404), failed "
+            "(its budget spent), retried (a GET tried again).",
             ("result",),
+            registry=self.registry,
+        )
+        self.allowed_unmodified = Counter(
+            "ix_gpu_admission_allowed_unmodified",
+            "GPU objects admitted without their injection because a namespace or a claim could not be "
+            "read and policy.namespaceLookupFailure or claimLookupFailure is allow-unmodified.",
+            ("lookup",),
             registry=self.registry,
         )
         self.namespace_relists = Counter(
@@ -129,7 +137,9 @@ class ServiceMetrics:
         for result in (SUCCESS, ERROR):
             self.config_reloads.labels(result)
             self.cert_reloads.labels(result)
-        for result in ("hit", "fetched", "absent", "failed"):
+        for lookup in ("namespace", "claim"):
+            self.allowed_unmodified.labels(lookup)
+        for result in ("hit", "fetched", "absent", "failed", "retried"):
             self.namespace_lookups.labels(result)
         for outcome in ("arrived", "missing"):
             self.claim_waits.labels(outcome)

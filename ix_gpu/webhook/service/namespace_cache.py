@@ -5,7 +5,10 @@ annotation, and neither ``namespaceSelector`` nor CEL ``matchConditions`` can se
 annotations. Why a cache: the webhook is on the path of every Pod create, so a request must not
 wait on the API server in the common case. A list + watch (resourceVersion continued, re-list on
 410 Gone, exponential backoff on errors) keeps an in-memory copy; only a miss (a namespace created
-a moment ago) costs a direct GET, bounded by a short timeout.
+a moment ago) costs a direct GET, tried again with backoff within a budget shorter than the
+apiserver's own timeout for the webhook (``--namespace-lookup-budget``): a namespace created while
+the API server restarts is then read by a later try, where one try of 2 s had the GPU pod admitted
+untouched (docs/design.md, "A namespace the webhook cannot read yet").
 
 The list and watch are :mod:`ix_gpu.runtime.list_watch`'s, metadata only and in pages, each
 Namespace made its :class:`NamespaceFacts` as its page is parsed. The cache runs in one daemon
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import random
 import time
 import urllib.error
 from collections.abc import Callable
@@ -43,6 +47,9 @@ log = logging.getLogger("ix_gpu.namespaces")
 # The core reads only these keys; keeping just them bounds memory in clusters where every
 # namespace carries kilobytes of last-applied-configuration annotations.
 _KEPT_PREFIXES = (labels.PREFIX + "/", "pod-security.kubernetes.io/")
+LOOKUP_RETRY_FIRST_S = 0.1
+LOOKUP_RETRY_MAX_S = 1.0
+"""A missed namespace's GET is tried again after 0.1 s, doubling to 1 s, while its budget lasts."""
 
 
 class NamespaceLookupFailed(Exception):
@@ -193,6 +200,7 @@ class NamespaceCache(WatchedCache):
         *,
         metrics: ServiceMetrics | None = None,
         lookup_timeout: float = 2.0,
+        lookup_budget: float = 3.0,
         watch_timeout: int = 300,
         backoff: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
@@ -205,6 +213,7 @@ class NamespaceCache(WatchedCache):
         self._metrics = metrics
         self._counters: dict[str, Any] = {}
         self._lookup_timeout = lookup_timeout
+        self._lookup_budget = lookup_budget
         self._inflight: dict[str, asyncio.Future[NamespaceFacts]] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="ns-get")
         if metrics is not None:
@@ -254,11 +263,9 @@ class NamespaceCache(WatchedCache):
         return await asyncio.shield(future)
 
     def _fetch(self, name: str) -> NamespaceFacts:
-        try:
-            obj = self._namespaces.get(name, self._lookup_timeout)
-        except Exception as exc:
-            self._count("failed")
-            raise NamespaceLookupFailed(f'namespace "{name}" could not be read: {one_line(exc)}') from None
+        obj = self._get_within_budget(name)
+        if isinstance(obj, NamespaceFacts):
+            return obj  # the watch brought it while the GET was retried
         if obj is None:
             # NamespaceLifecycle rejects objects in absent namespaces before webhooks see them,
             # so this is a race with a deletion; there is nothing to opt out with.
@@ -271,6 +278,36 @@ class NamespaceCache(WatchedCache):
         self._count("fetched")
         self._items.setdefault(name, facts)
         return facts
+
+    def _get_within_budget(self, name: str) -> dict[str, Any] | NamespaceFacts | None:
+        """The namespace's GET, tried again with backoff while the lookup budget lasts: a namespace
+        created a moment ago, asked for while the API server restarts (or the webhook's
+        connection to it is new), is refused by one try and read by the next. Only errors that
+        may pass are retried (no answer, a 5xx, 429); a 403 says the same again. Raises
+        :class:`NamespaceLookupFailed` naming the tries."""
+        deadline = time.monotonic() + self._lookup_budget
+        delay, tries = LOOKUP_RETRY_FIRST_S, 0
+        while True:
+            tries += 1
+            left = deadline - time.monotonic()
+            try:
+                return self._namespaces.get(name, max(0.1, min(self._lookup_timeout, left)))
+            except Exception as exc:
+                error = exc
+            left = deadline - time.monotonic()
+            code = getattr(error, "code", None)
+            if left <= delay or (isinstance(code, int) and 400 <= code < 500 and code != 429):
+                self._count("failed")
+                raise NamespaceLookupFailed(
+                    f'namespace "{name}" could not be read ({tries} tries in {self._lookup_budget:g} s): '
+                    f"{one_line(error)}"
+                ) from None
+            self._count("retried")
+            time.sleep(delay * random.uniform(0.8, 1.2))
+            found: NamespaceFacts | None = self._items.get(name)
+            if found is not None:
+                return found
+            delay = min(delay * 2, LOOKUP_RETRY_MAX_S)
 
     def _count(self, result: str) -> None:
         # The labelled child is looked up once per result: ``labels()`` on every admission (a hit

@@ -90,6 +90,8 @@ class ServiceOptions:
     reload_interval: float = 5.0
     request_timeout: float = 10.0
     namespace_lookup_timeout: float = 2.0
+    namespace_lookup_budget: float = 3.0
+    """How long a missed namespace's GET is tried again (below the registration's timeoutSeconds)."""
     cache_max_staleness: float | None = 300.0
     """The namespace cache turns not-ready (and so /readyz) when staler than this; None: never."""
     log_level: str = "info"
@@ -208,6 +210,7 @@ def _cluster_sources(
         NamespaceListWatch(api),
         metrics=metrics,
         lookup_timeout=options.namespace_lookup_timeout,
+        lookup_budget=options.namespace_lookup_budget,
         max_staleness=options.cache_max_staleness,
     )
     claims = claim_cache(api)

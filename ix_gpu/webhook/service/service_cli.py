@@ -109,6 +109,16 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "watch) for longer than this, so the apiserver stops sending reviews this replica would "
         "answer from an old picture; 0: never (default: 300)",
     )
+    webhook.add_argument(
+        "--namespace-lookup-budget",
+        default=3.0,
+        type=interval_seconds,
+        metavar="SECONDS",
+        help="a namespace not yet in the cache (created a moment ago) is read with a GET, tried "
+        "again with backoff for this long; past it policy.namespaceLookupFailure decides. Keep it "
+        "below the webhook registration's timeoutSeconds (the chart passes timeoutSeconds - 2) "
+        "(default: 3)",
+    )
     add_log_level(webhook, "; info logs one line per admission")
     defaults = Limits()
     limits = webhook.add_argument_group(
@@ -179,6 +189,7 @@ def _run_webhook(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         shutdown_delay=args.shutdown_delay,
         cache_max_staleness=args.cache_max_staleness or None,
+        namespace_lookup_budget=args.namespace_lookup_budget,
         probe_port=args.probe_port,
         limits=Limits(
             max_connections=args.max_connections,
