@@ -52,9 +52,9 @@ from tests.support.hostile_roots import (  # noqa: E402
     host_target,
     make_bundle,
     regular,
-    runc_bundle,
     runc_create,
     runc_delete,
+    runc_driver_bundle,
     snapshot,
 )
 from tests.support.paths import FAKE_DEVICES  # noqa: E402
@@ -62,13 +62,9 @@ from tests.support.paths import FAKE_DEVICES  # noqa: E402
 
 def one_root(runc: str, work: Path, case: str, host: Path) -> dict[str, Any]:
     """``case`` ("benign" or a HOSTILE key) under runc; what it did."""
-    bundle = make_bundle(work)
+    bundle, driver = make_bundle(work), work / "driver"
     rootfs = bundle / "rootfs"
-    driver = work / "driver"
-    (driver / "lib64").mkdir(parents=True)
-    shutil.move(rootfs / LIBRARY_DIR.lstrip("/") / "libixml.so", driver / "lib64/libixml.so")
-    shutil.rmtree(rootfs / LIBRARY_DIR.lstrip("/"))
-    runc_bundle(bundle, driver)
+    runc_driver_bundle(bundle, driver)
     if case != "benign":
         HOSTILE[case](rootfs, f"/proc/1/root{host}")
     before = snapshot(host), snapshot(driver)

@@ -31,9 +31,9 @@ from tests.support.hostile_roots import (
     host_target,
     make_bundle,
     regular,
-    runc_bundle,
     runc_create,
     runc_delete,
+    runc_driver_bundle,
     snapshot,
 )
 
@@ -164,11 +164,8 @@ def test_under_real_runc_the_hook_serves_the_driver_and_a_hostile_root_touches_n
     created, the host directory is untouched, and a root that can be served finds the driver."""
     host = host_target(tmp_path / "host")
     driver = tmp_path / "driver"
-    (driver / "lib64").mkdir(parents=True)
     rootfs = bundle / "rootfs"
-    shutil.move(rootfs / LIBRARY_DIR.lstrip("/") / "libixml.so", driver / "lib64/libixml.so")
-    shutil.rmtree(rootfs / "usr/local/corex/lib64")
-    runc_bundle(bundle, driver)
+    runc_driver_bundle(bundle, driver)
     if case != "benign":
         HOSTILE[case](rootfs, f"/proc/1/root{host}")
     before = snapshot(host), snapshot(driver)

@@ -226,6 +226,16 @@ def runc_bundle(bundle: Path, driver: Path) -> None:
     shutil.copy(ldconfig(), bundle / "rootfs/sbin/ldconfig")
 
 
+def runc_driver_bundle(bundle: Path, driver: Path) -> None:
+    """``bundle`` as :func:`runc_bundle` makes it, with the driver's library moved out of the root
+    into ``driver``, which the bundle binds where the CDI spec mounts the driver's root."""
+    rootfs = bundle / "rootfs"
+    (driver / "lib64").mkdir(parents=True)
+    shutil.move(rootfs / LIBRARY_DIR.lstrip("/") / "libixml.so", driver / "lib64/libixml.so")
+    shutil.rmtree(rootfs / LIBRARY_DIR.lstrip("/"))
+    runc_bundle(bundle, driver)
+
+
 def runc_create(runc: str, bundle: Path, name: str, errors: Path) -> int:
     """``runc create`` of ``bundle`` as ``name`` (the hook runs then); its exit code, its stderr in
     ``errors``. The created container's init keeps runc's stdio open: a pipe would never close."""
