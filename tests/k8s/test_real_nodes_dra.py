@@ -1317,7 +1317,9 @@ def test_hostile_images_through_the_cdi_device_plugin_change_no_host_file(releas
     assert len(cases) == 4, cases
     pods = [hostile_pod(release, case, claim=False) for case in cases]
     for pod in pods:
-        pod["spec"]["nodeName"] = "gpu-a"
+        # Scheduled, not bound: the scheduler waits while the previous test's pods still hold
+        # gpu-a's chips, where the kubelet would refuse a pod bound to it and fail it for good.
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-a"}
     hostile_pods_run(release, new_namespace(release.api, f"hostile-dp-{secrets.token_hex(3)}"), pods)
 
 
@@ -1957,7 +1959,7 @@ def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(
     assert len(new_pods.stored) == new_pods.count, new_pods.refused
     for stored in new_pods.stored:
         assert INJECTED in (stored["metadata"].get("annotations") or {}), stored["metadata"]
-    for namespace in new_pods.namespaces:
-        request_ok(api, "DELETE", f"/api/v1/namespaces/{namespace}")
+    for made in new_pods.namespaces:
+        request_ok(api, "DELETE", f"/api/v1/namespaces/{made}")
     running = wait_running(api, namespace, "after", timeout=120)
     assert running["spec"]["nodeName"] == "gpu-a"
