@@ -1378,3 +1378,17 @@ def test_the_webhook_turns_not_ready_past_cache_max_staleness() -> None:
     assert "--cache-max-staleness=90" in args
     default = find(render(), "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--cache-max-staleness=300" in default
+
+
+@pytest.mark.parametrize(
+    ("values", "budget"), [({}, "3"), ({"timeoutSeconds": 7}, "3"), ({"timeoutSeconds": 2}, "1")]
+)
+def test_the_namespace_lookup_budget_stays_below_the_apiservers_wait(
+    values: dict[str, Any], budget: str
+) -> None:
+    """A change of timeoutSeconds alone leaves the Deployment as it was (no rollout), unless the
+    budget would reach it."""
+    args = find(render({"webhook": values}), "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][
+        0
+    ]["args"]
+    assert f"--namespace-lookup-budget={budget}" in args

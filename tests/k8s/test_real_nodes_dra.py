@@ -874,6 +874,8 @@ def hostile_pods_run(release: Release, ns: str, pods: list[dict[str, Any]]) -> N
         assert snapshot(target) == before
     finally:
         request_ok(release.api, "DELETE", ns)
+        # Gone, pods and all, before the next test binds a pod to a node whose chips these held.
+        wait_until(lambda: release.api.request("GET", ns)[0] == 404, f"{namespace} deleted", 120, interval=1)
         shutil.rmtree(target, ignore_errors=True)
 
 

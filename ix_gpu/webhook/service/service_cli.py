@@ -116,7 +116,7 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="SECONDS",
         help="a namespace not yet in the cache (created a moment ago) is read with a GET, tried "
         "again with backoff for this long; past it policy.namespaceLookupFailure decides. Keep it "
-        "below the webhook registration's timeoutSeconds (the chart passes timeoutSeconds - 2) "
+        "below the webhook registration's timeoutSeconds (chart: webhook.namespaceLookupBudgetSeconds) "
         "(default: 3)",
     )
     add_log_level(webhook, "; info logs one line per admission")
