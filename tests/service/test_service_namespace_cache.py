@@ -242,6 +242,17 @@ def test_a_lookup_whose_budget_runs_out_fails_naming_its_tries(
         cache.stop()
 
 
+def test_a_lookup_whose_budget_was_spent_in_the_queue_fails_without_a_get(
+    cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
+) -> None:
+    """The budget runs from the review's request, not from when a worker is free."""
+    gets = api.count("get")
+    with pytest.raises(NamespaceLookupFailed, match="the lookups before it took the time"):
+        cache._fetch("queued", time.monotonic() - 0.1)
+    assert api.count("get") == gets
+    assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="failed") == 1
+
+
 def test_miss_is_answered_by_a_direct_get(
     cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
 ) -> None:

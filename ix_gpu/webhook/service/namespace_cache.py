@@ -257,13 +257,16 @@ class NamespaceCache(WatchedCache):
         future = self._inflight.get(name)
         if future is None:
             # One GET per missing name, however many requests for it arrive meanwhile.
-            future = asyncio.get_running_loop().run_in_executor(self._executor, self._fetch, name)
+            # The budget runs from now, not from when a worker is free: lookups queued behind
+            # others that retry (the API server down, many new namespaces) wait no longer for it.
+            deadline = time.monotonic() + self._lookup_budget
+            future = asyncio.get_running_loop().run_in_executor(self._executor, self._fetch, name, deadline)
             self._inflight[name] = future
             future.add_done_callback(lambda _: self._inflight.pop(name, None))
         return await asyncio.shield(future)
 
-    def _fetch(self, name: str) -> NamespaceFacts:
-        obj = self._get_within_budget(name)
+    def _fetch(self, name: str, deadline: float) -> NamespaceFacts:
+        obj = self._get_within_budget(name, deadline)
         if isinstance(obj, NamespaceFacts):
             return obj  # the watch brought it while the GET was retried
         if obj is None:
@@ -279,17 +282,22 @@ class NamespaceCache(WatchedCache):
         self._items.setdefault(name, facts)
         return facts
 
-    def _get_within_budget(self, name: str) -> dict[str, Any] | NamespaceFacts | None:
+    def _get_within_budget(self, name: str, deadline: float) -> dict[str, Any] | NamespaceFacts | None:
         """The namespace's GET, tried again with backoff while the lookup budget lasts: a namespace
         created a moment ago, asked for while the API server restarts (or the webhook's
         connection to it is new), is refused by one try and read by the next. Only errors that
         may pass are retried (no answer, a 5xx, 429); a 403 says the same again. Raises
         :class:`NamespaceLookupFailed` naming the tries."""
-        deadline = time.monotonic() + self._lookup_budget
         delay, tries = LOOKUP_RETRY_FIRST_S, 0
         while True:
-            tries += 1
             left = deadline - time.monotonic()
+            if left <= 0:  # spent queued behind other lookups: no try would be answered in time
+                self._count("failed")
+                raise NamespaceLookupFailed(
+                    f'namespace "{name}" could not be read within {self._lookup_budget:g} s '
+                    "(the lookups before it took the time)"
+                )
+            tries += 1
             try:
                 return self._namespaces.get(name, max(0.1, min(self._lookup_timeout, left)))
             except Exception as exc:
