@@ -1,8 +1,9 @@
 """A burst of GPU pods through the real control plane onto simulated GPU nodes, with a fault on the way.
 
     .venv/bin/python bench/scale.py [--kwok-nodes 100] [--kwok-boards 4] [--namespaces 2000]
-        [--pods 1000] [--rate 50] [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst[+...]]
-        [--runtime fake-cri|containerd] [--replicas 3] [--json]
+        [--pods 1000] [--rate 50]
+        [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst|new-namespaces[+...]]
+        [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3] [--json]
 
 Needs root (the mini cluster's kubelets use mount namespaces) and the tier's binaries
 (``tests/k8s/build.sh``, kwok from ``tests/k8s/build-go-command.sh kwok``). ``--runtime
@@ -39,7 +40,12 @@ def main() -> int:
         "--fault",
         default="none",
         help=f"what happens half-way: {', '.join(FAULTS)}; several joined by '+' happen at evenly "
-        "spaced points of the burst, in order (default none)",
+        "spaced points of the burst, in order (default none); new-namespaces runs through the whole "
+        "burst instead: --new-namespaces namespaces created at an even pace, each followed at once "
+        "by its GPU pod (every 4th a ResourceClaim, then a pod that uses it)",
+    )
+    parser.add_argument(
+        "--new-namespaces", type=int, default=100, help="namespaces the new-namespaces fault creates"
     )
     parser.add_argument(
         "--runtime",
@@ -64,6 +70,7 @@ def main() -> int:
             fault=args.fault,
             runtime=args.runtime,
             replicas=args.replicas,
+            new_namespaces=args.new_namespaces,
         )
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0

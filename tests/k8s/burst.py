@@ -49,6 +49,8 @@ from ix_gpu.devicemodel import labels
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.list_watch import WatchStream
 from tests.k8s import kwok
+from tests.k8s.burst_fresh import PREFIX as FRESH
+from tests.k8s.burst_fresh import FreshNamespaces
 from tests.k8s.burst_webhook import (
     ChartWebhook,
     HostWebhook,
@@ -58,13 +60,17 @@ from tests.k8s.burst_webhook import (
     rss_by_replica,
 )
 from tests.k8s.cluster import MiniCluster
+from tests.k8s.dra_pools import create_device_classes
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
 
-FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst")
+FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst", "new-namespaces")
+STREAMS = ("new-namespaces",)
+"""Faults that run through the whole burst rather than at a point of it."""
 LEVELS = ("privileged", "baseline", "restricted")
 OPT_OUT_EVERY = 20
 AFFINITY_EVERY = 4
 BURST_NAMESPACES = 500
+NEW_NAMESPACES = 100
 RETRY_FOR_S = 60.0
 """How long a client retries a create that failed (backoff 0.2 s doubling to 2 s): an apiserver
 restart on two shared cores takes up to about 20 s."""
@@ -241,21 +247,26 @@ class Burst:
         self.first_try_errors: list[str] = []
         self.failed: list[str] = []
         self.affinity: set[str] = set()
+        self.refused_first: dict[str, str] = {}
+        """The pods whose first create failed, with its error."""
         self.offered_s = 0.0
         """Seconds it took to send every first create (the offered rate's duration)."""
         self._lock = threading.Lock()
 
-    def create(self, namespace: str, name: str, affinity: bool) -> None:
+    def create(self, namespace: str, name: str, affinity: bool, body: dict[str, Any] | None = None) -> None:
+        """Create a pod (``body``, or a GPU pod asking for ``iluvatar.com/gpu``) until it is
+        stored, for up to ``RETRY_FOR_S``; its first try's error is recorded."""
         key = f"{namespace}/{name}"
         if affinity:
             self.affinity.add(key)
+        body = body if body is not None else gpu_pod(name, affinity)
         deadline = time.monotonic() + RETRY_FOR_S
         attempt = 0
         while attempt == 0 or time.monotonic() < deadline:
             started = time.monotonic()
             try:
                 status, reply = self.api.request(
-                    "POST", f"/api/v1/namespaces/{namespace}/pods", gpu_pod(name, affinity), timeout=30
+                    "POST", f"/api/v1/namespaces/{namespace}/pods", body, timeout=30
                 )
             except OSError as exc:
                 status, reply = 0, str(exc)
@@ -266,7 +277,9 @@ class Burst:
                     self.created.setdefault(key, done)
                     return
                 if attempt == 0:
-                    self.first_try_errors.append(f"{status} {str(reply)[:160]}")
+                    message = reply.get("message", reply) if isinstance(reply, dict) else reply
+                    self.first_try_errors.append(f"{status} {str(message)[:400]}")
+                    self.refused_first[key] = self.first_try_errors[-1]
             time.sleep(min(0.2 * 2**attempt, 2.0))
             attempt += 1
         with self._lock:
@@ -321,12 +334,14 @@ def run(
     runtime: str = "fake-cri",
     replicas: int = 3,
     kwok_boards: int = 4,
+    new_namespaces: int = NEW_NAMESPACES,
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
     Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
     ``fake-cri`` runs one webhook host process; ``containerd`` installs the chart on the real
     nodes with ``replicas`` webhook replicas in real containers (root, and the real-node tier's
-    images). ``kwok_boards``: boards per simulated node (4 time-sliced GPUs each)."""
+    images). ``kwok_boards``: boards per simulated node (4 time-sliced GPUs each).
+    ``new_namespaces``: how many the ``new-namespaces`` fault creates over the burst."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
@@ -340,6 +355,7 @@ def run(
         "runtime": runtime,
         "kwok_boards": kwok_boards,
     }
+    points = [f for f in faults if f not in STREAMS]
     with MiniCluster(
         work,
         binaries=binaries,
@@ -365,7 +381,13 @@ def run(
         targets = [(names[i % namespaces], f"gpu-{i:06d}", i % AFFINITY_EVERY == 1) for i in range(pods)]
         watch = PodWatch(ApiServer.from_kubeconfig(cluster.kubeconfig)).start()
         burst = Burst(api)
-        marks = [threading.Event() for _ in faults]
+        marks = [threading.Event() for _ in points]
+        fresh: FreshNamespaces | None = None
+        if "new-namespaces" in faults:
+            create_device_classes(api)  # for the fresh namespaces' claims
+            fresh = FreshNamespaces(
+                api, new_namespaces, lambda ns, name, body: burst.create(ns, name, False, body), OPT_OUT_EVERY
+            )
         fault_info: dict[str, dict[str, Any]] = {}
         before_restarts: list[str] = []  # the apiserver's /metrics before each restart, which zeroes them
 
@@ -394,13 +416,18 @@ def run(
         cpu_before = cpu_of(webhook)
         injectors = [
             threading.Thread(target=inject, args=pair, daemon=True)
-            for pair in zip(faults, marks, strict=True)
+            for pair in zip(points, marks, strict=True)
         ]
         for injector in injectors:
             injector.start()
+        if fresh is not None:
+            fresh.start(pods / rate)
         result["burst_s"] = round(burst.run(targets, rate, marks), 1)
         for injector in injectors:
             injector.join(timeout=300)
+        if fresh is not None:
+            fresh.join(timeout=300)
+            result.update(fresh_figures(fresh, burst))
         result["fault_info"] = fault_info
         result["offered_rate"] = round(pods / burst.offered_s, 1)
         result["stored_rate"] = round(pods / result["burst_s"], 1)
@@ -463,15 +490,52 @@ def run(
         bound_times = sorted(watch.bound[k] for k in burst.created if k in watch.bound)
         if len(bound_times) > 1:
             result["scheduler_pods_per_s"] = round(len(bound_times) / (bound_times[-1] - bound_times[0]), 1)
-        result.update(audit(api, set(burst.created)))
+        result.update(audit(api, set(burst.created), fresh.claim_pods if fresh else set()))
         result["metrics_scraped"] = metrics_status == 200
     return result
 
 
-def audit(api: KubeAPI, created: set[str]) -> dict[str, Any]:
+REFUSALS = (
+    ("namespace lookup denied", "policy.namespacelookupfailure"),
+    ("claim lookup denied", "policy.claimlookupfailure"),
+    ("webhook not reached", "failed calling webhook"),
+    ("no ServiceAccount yet", "error looking up service account"),
+)
+"""How a first create's error is counted: the first of these whose text it contains (in lower
+case); an error without an HTTP status is "no apiserver"; else "other"."""
+
+
+def refusal_kind(error: str) -> str:
+    if error.startswith("0 "):
+        return "no apiserver"
+    lowered = error.lower()
+    return next((kind for kind, text in REFUSALS if text in lowered), "other")
+
+
+def fresh_figures(fresh: FreshNamespaces, burst: Burst) -> dict[str, Any]:
+    """What became of the namespaces created during the burst and of their pods."""
+    keys = [k for k in burst.created if k.startswith(f"{FRESH}-")]
+    refused = {k: e for k, e in burst.refused_first.items() if k.startswith(f"{FRESH}-")}
+    kinds: dict[str, int] = {}
+    for error in refused.values():
+        kinds[refusal_kind(error)] = kinds.get(refusal_kind(error), 0) + 1
+    return {
+        "new_namespaces_created": len(fresh.created_at),
+        "new_namespaces_failed": len(fresh.failed),
+        "new_namespace_failure_examples": fresh.failed[:3],
+        "new_namespace_pods_created": len(keys),
+        "new_namespace_claim_pods_created": len(fresh.claim_pods & set(keys)),
+        "new_namespace_pods_refused_first_try": len(refused),
+        "new_namespace_refusals_by_kind": kinds,
+        "new_namespace_refusal_examples": sorted(set(refused.values()))[:4],
+    }
+
+
+def audit(api: KubeAPI, created: set[str], claim_pods: set[str]) -> dict[str, Any]:
     """Every created pod read back: GPU pods stored without the webhook's mark in namespaces that
-    did not opt out (must be 0), and pods with it in namespaces that did (must be 0); and how many
-    are bound and in which phase, as stored (beside what the watch saw)."""
+    did not opt out (must be 0), and pods with it in namespaces that did (must be 0), both also
+    for the namespaces created during the burst alone and for the pods that ask through a claim;
+    and how many are bound and in which phase, as stored (beside what the watch saw)."""
     unmutated, opted_out_mutated, opted_out = [], [], 0
     bound, phases = 0, dict[str, int]()
     token = ""
@@ -500,8 +564,19 @@ def audit(api: KubeAPI, created: set[str]) -> dict[str, Any]:
         token = listed["metadata"].get("continue") or ""
         if not token:
             break
+    fresh = [k for k in unmutated if k.startswith(f"{FRESH}-")]
     return {
         "gpu_pods_unmutated": len(unmutated),
+        "gpu_pods_unmutated_old_namespaces": len(unmutated) - len(fresh),
+        "gpu_pods_unmutated_new_namespaces": len(fresh),
+        "claim_pods_unmutated": len(set(unmutated) & claim_pods),
+        "opted_out_pods_new_namespaces": len(
+            [
+                k
+                for k in created
+                if k.startswith(f"{FRESH}-") and int(k.split("/")[0].rsplit("-", 1)[1]) % OPT_OUT_EVERY == 0
+            ]
+        ),
         "unmutated_examples": unmutated[:3],
         "opted_out_pods": opted_out,
         "opted_out_pods_mutated": len(opted_out_mutated),
