@@ -82,8 +82,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     config = dra.add_argument(
         "--config",
         metavar="PATH",
-        help=f"the ix-config file; only flags.splitboard, sharing.timeSlicing.replicas (memory shares "
-        f"per device) and cdi.driverRoot apply here (default "
+        help=f"the ix-config file; only flags.splitboard, sharing.timeSlicing (memory shares per "
+        f"device: replicas, or NVIDIA's resources[] entry for this vendor's resource, as the device "
+        f"plugin reads them) and cdi.driverRoot apply here (default "
         f"{DEFAULT_CONFIG} when it exists, else built-in defaults), or a directory of named configs "
         "(a mounted ConfigMap) from which the node label ix-gpu.io/device-plugin.config picks one at "
         "start, as for the device plugin; a later change of the label applies on restart",
@@ -234,12 +235,13 @@ def run_dra(args: argparse.Namespace) -> int:
         except BackendError as exc:
             logging.getLogger("ix_gpu.dra").error("cannot start: backend %s: %s", args.backend, exc)
             return 1
+    replicas = _dra_replicas(config, backend.vendor.resource_name)
     if config_path is not None:
         logging.getLogger("ix_gpu.dra").info(
             "config %s: splitboard=%s replicas=%d",
             config_path,
             "true" if config.splitboard else "false",
-            config.replicas,
+            replicas,
         )
 
     plugins_dir = Path(args.plugins_dir)
@@ -251,7 +253,7 @@ def run_dra(args: argparse.Namespace) -> int:
         cdi_dir=Path(args.cdi_dir),
         checkpoint=Path(args.checkpoint or plugins_dir / args.driver_name / "checkpoint.json"),
         splitboard=config.splitboard,
-        replicas=config.replicas,
+        replicas=replicas,
         driver_root=args.driver_root or config.cdi_driver_root,
         unhealthy=args.unhealthy,
         partitionable=args.partitionable != "off",
@@ -271,6 +273,30 @@ def run_dra(args: argparse.Namespace) -> int:
         return await DraApp(settings, backend, api, node_reader=node_reader).run(handle_signals=True)
 
     return asyncio.run(main())
+
+
+def _dra_replicas(config: RuntimeConfig, vendor_resource: str) -> int:
+    """Memory shares per device, from the sharing plan the device plugin reads too
+    (:func:`ix_gpu.node.devices.sharing.plan_sharing`): the Iluvatar form's
+    ``sharing.timeSlicing.replicas``, or the NVIDIA form's entry for this vendor's resource, so
+    one ConfigMap shares a node's GPUs alike whichever agent serves them. A DRA device is shared
+    in full or not at all, so an entry that selects some devices shares none, and says so; a
+    rename means nothing to DRA (claims name DeviceClasses, not resources)."""
+    import logging
+
+    from ix_gpu.node.devices.sharing import plan_sharing
+
+    log = logging.getLogger("ix_gpu.dra")
+    plan = plan_sharing(config, vendor_resource)
+    for note in plan.notes:
+        log.info("config: %s", note)
+    if plan.shared and plan.devices != "all":
+        log.warning(
+            "config: %s shares only some devices, which DRA cannot: every device is published unshared",
+            plan.key,
+        )
+        return 1
+    return plan.replicas
 
 
 def _start_backend(args: argparse.Namespace) -> Backend:
