@@ -284,7 +284,8 @@ class Burst:
             time.sleep(min(0.2 * 2**attempt, 2.0))
             attempt += 1
         with self._lock:
-            self.failed.append(key)
+            message = reply.get("message", reply) if isinstance(reply, dict) else reply
+            self.failed.append(f"{key}: {status} {str(message)[:300]}")
 
     def run(self, targets: list[tuple[str, str, bool]], rate: float, marks: list[threading.Event]) -> float:
         """Offer every create at ``rate``; ``marks`` are set at evenly spaced points of the burst
@@ -472,6 +473,7 @@ def run(
             {
                 "pods_created": len(burst.created),
                 "create_failed_after_retries": len(burst.failed),
+                "create_failed_examples": burst.failed[:5],
                 "create_errors_first_try": len(burst.first_try_errors),
                 "create_error_examples": sorted(set(burst.first_try_errors))[:3],
                 "create_p50_ms": ms(quantile(burst.latency, 0.5)),
