@@ -82,7 +82,6 @@ class BackendStartError(Exception):
 
 
 def run_plugin(args: argparse.Namespace) -> int:
-    import asyncio
     import logging
 
     from ix_gpu.runtime import json_logging
@@ -98,30 +97,38 @@ def run_plugin(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from ix_gpu.runtime.isolated import shared_child
+    from ix_gpu.runtime.openssl_free import import_without_openssl
 
-    with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="plugin-start") as pool:
-        starting = pool.submit(start_backend, args)
-        # A directory of configs needs the Node's label to pick one, so access comes first then.
-        early = args.kubeconfig is not None or config_dir is not None or args.dra_driver is not None
-        api_server = connect(args.kubeconfig) if early else None
-        node_config = node_config_reader(args, api_server, node_name, config_dir)
-        allocation = allocation_gate(args, api_server, node_name, node_config)
-        loading = pool.submit(load_config, args, node_config.value() if node_config else None)
-        from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+    with shared_child():
+        # While the child starts, and before any thread of ours imports: the event loop, gRPC and
+        # hashlib without OpenSSL (4.5 MiB of RSS; ix_gpu.runtime.openssl_free), which a plugin
+        # with cluster access loads later, for HTTPS, when it first connects.
+        import_without_openssl("asyncio", "hashlib", "grpclib.client", "grpclib.server")
+        with ThreadPoolExecutor(2, thread_name_prefix="plugin-start") as pool:
+            starting = pool.submit(start_backend, args)
+            # A directory of configs needs the Node's label to pick one, so access comes first then.
+            early = args.kubeconfig is not None or config_dir is not None or args.dra_driver is not None
+            api_server = connect(args.kubeconfig) if early else None
+            node_config = node_config_reader(args, api_server, node_name, config_dir)
+            allocation = allocation_gate(args, api_server, node_name, node_config)
+            loading = pool.submit(load_config, args, node_config.value() if node_config else None)
+            from ix_gpu.plugin.server.app import PluginApp, PluginSettings
 
-        config, config_path, config_content = loading.result()
-        if api_server is None and config.labels_enabled:
-            api_server = connect(None)
-        try:
-            backend = starting.result()
-        except BackendStartError as exc:
-            logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
-            return 1
+            config, config_path, config_content = loading.result()
+            if api_server is None and config.labels_enabled:
+                api_server = connect(None)
+            try:
+                backend = starting.result()
+            except BackendStartError as exc:
+                logging.getLogger("ix_gpu.plugin").error("cannot start: %s", exc)
+                return 1
 
     from ix_gpu.node.devices.sharing import plan_sharing
 
     for note in plan_sharing(config, backend.vendor.resource_name).notes:
         logging.getLogger("ix_gpu.plugin").warning("config %s: %s", config_path, note)
+
+    import asyncio
 
     from ix_gpu.config.input_files import ConfigError
 

@@ -15,16 +15,18 @@ and single reads (:meth:`ApiServer.request`), as in-cluster clients are not prox
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import socket
 import threading
 import urllib.error
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlsplit
 
 from ix_gpu.runtime.kube import ApiError, ApiServer
+
+if TYPE_CHECKING:
+    import http.client
 
 PAGE_SIZE = 500
 """Objects per list request. A list is read a page at a time and each page is cut down to what the
@@ -197,11 +199,17 @@ class ApiListWatch:
 
 class WatchStream:
     """One open ``?watch=1`` GET: its newline-delimited events as they arrive. An HTTP error
-    status raises ``urllib.error.HTTPError`` as :meth:`ApiServer.request` does."""
+    status raises ``urllib.error.HTTPError`` as :meth:`ApiServer.request` does.
+
+    ``http.client`` is imported here, when a watch opens, not with the module: it imports ``ssl``
+    (libcrypto, 4 MiB of RSS), which a device plugin without cluster access, whose node config
+    and allocation gate import this module, never needs (:mod:`ix_gpu.runtime.openssl_free`)."""
 
     def __init__(
         self, api: ApiServer, path: str, accept: str, connect_timeout: float, read_timeout: float
     ) -> None:
+        import http.client
+
         url = urlsplit(api.base_url)
         host, port = url.hostname or "", url.port
         self._connection: http.client.HTTPConnection = (
@@ -232,6 +240,8 @@ class WatchStream:
             raise
 
     def lines(self) -> Iterator[bytes]:
+        import http.client
+
         while True:
             try:
                 line = self._response.readline(MAX_EVENT_BYTES + 1)
