@@ -283,17 +283,18 @@ def _serving(port: int) -> bool:
     return True
 
 
-def test_the_readmes_metrics_table_names_every_figure_and_its_ix_exporter_and_dcgm_names() -> None:
-    """The table users port their dashboards from: a row per figure, with the names the figure
-    itself carries (so a new figure, or a renamed one, cannot leave the README behind)."""
+def test_the_docs_metrics_table_names_every_figure_and_its_ix_exporter_and_dcgm_names() -> None:
+    """The table users port their dashboards from (docs/telemetry.md, *Per-chip telemetry*): a row
+    per figure, with the names the figure itself carries (so a new figure, or a renamed one, cannot
+    leave the docs behind)."""
     rows = {
         line.split("|")[1].strip().strip("`"): line
-        for line in (ROOT / "README.md").read_text().splitlines()
+        for line in (ROOT / "docs" / "telemetry.md").read_text().splitlines()
         if line.startswith("| `ix_gpu_chip_")
     }
     for figure in FIGURES:
         row = rows.get(figure.metric)
-        assert row is not None, f"README has no row for {figure.metric}"
+        assert row is not None, f"docs/telemetry.md has no row for {figure.metric}"
         for names in (figure.ix_exporter, figure.dcgm):  # e.g. "A + B (MiB)": A and B
             for name in re.findall(r"[A-Za-z]\w*_\w+", names):
                 assert f"`{name}`" in row, (figure.metric, name)
