@@ -29,7 +29,7 @@ Operators coming from NVIDIA's k8s-device-plugin bring its ``api/config/v1`` fil
 
 Both formats are one schema: ``timeSlicing.replicas: R`` is shorthand for one ``resources`` entry
 naming the plugin's own resource, so ``renameByDefault`` and ``failRequestsGreaterThanOne`` mean the
-same in either. NVIDIA keys fall in three groups (the README's table lists each): those we have an
+same in either. NVIDIA keys fall in three groups (docs/configuration.md's table lists each): those we have an
 equivalent for are mapped onto it (``deviceIDStrategy``, ``sharedDevicesAllocationPolicy``); those
 that cannot change what a pod gets are accepted and reported by :meth:`PluginConfig.notices`; those
 that ask for something ix-gpu does not do (MIG, MPS, CDI, GPUDirect) are errors naming the key,
@@ -155,7 +155,7 @@ class Flags(StrictModel):
     splitboard: bool = False
     """True: every chip is a device. False (vendor default): one device per board."""
 
-    # NVIDIA's flags (api/config/v1 ``Flags``); what each does here is in the README's table.
+    # NVIDIA's flags (api/config/v1 ``Flags``); what each does here is in docs/configuration.md's table.
     mig_strategy: str | None = None
     fail_on_init_error: bool | None = None
     nvidia_driver_root: str | None = None

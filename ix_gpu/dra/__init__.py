@@ -8,7 +8,7 @@ It sits beside the device plugin, on the same node layer (:mod:`ix_gpu.node`):
 - :mod:`.claims`, :mod:`.checkpoint`, :mod:`.prepare`: NodePrepareResources and
   NodeUnprepareResources: the claim's allocation read from the API server, a CDI spec per claim,
   the prepared claims kept on disk across restarts.
-- :mod:`.servicer`, :mod:`.registration`, :mod:`.app`: the gRPC side (grpclib) and the process.
+- :mod:`.servicer` (the DRA and registration services), :mod:`.app`: the gRPC side (grpclib) and the process.
 - :mod:`.api`: our ``.proto`` text for the kubelet's APIs and the generated stubs.
 
 May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config`, :mod:`ix_gpu.runtime` and
