@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ix_gpu.config.webhook_config import Workload
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts, claim_containers
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
@@ -117,7 +118,46 @@ def mutate(
     claims: ClaimFacts = UNKNOWN_CLAIMS,
 ) -> MutationResult:
     """Decide what to inject into ``obj`` (a Pod, TFJob or configured CRD, as a plain dict).
-    ``claims``: what the DRA claims in the namespace request (see :mod:`.claims`)."""
+    ``claims``: what the DRA claims in the namespace request (see :mod:`.claims`).
+
+    Three steps, each able to answer on its own: whether the object is ours to look at
+    (:func:`_screen`), which of its templates ask for GPUs (:func:`_plan`), and what to add to
+    them (:func:`_inject`)."""
+    screened = _screen(obj, operation, namespace, config)
+    if isinstance(screened, MutationResult):
+        return screened
+    planned = _plan(obj, screened, namespace, config, claims)
+    if isinstance(planned, MutationResult):
+        return planned
+    if not planned.plans:
+        return _nothing_to_inject(planned)
+    return _inject(planned, namespace, config)
+
+
+_Screened = tuple[str, Workload, dict[str, Any]]
+"""What the first step read of an object that may be ours: its kind, its workload config and its
+annotations (a plain tuple: one is made per review, and a NamedTuple costs several times more)."""
+
+
+class _Plan:
+    """The second step's findings: the GPU templates, and what else it met on the way."""
+
+    __slots__ = ("claim_warnings", "kind", "opted_out_templates", "plans", "stale_ops")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []
+        self.stale_ops: list[dict[str, Any]] = []
+        """Ops that take back what an injection under another config recorded."""
+        self.claim_warnings: tuple[str, ...] = ()
+        self.opted_out_templates = 0
+
+
+def _screen(
+    obj: Any, operation: str, namespace: NamespaceFacts, config: CompiledConfig
+) -> _Screened | MutationResult:
+    """Is this a configured workload being created, and not opted out? The cheapest and most
+    decisive questions, asked before any template is read."""
     if operation != "CREATE":
         return skipped(f"operation {operation} is not mutated")
     if not isinstance(obj, dict):
@@ -145,10 +185,20 @@ def mutate(
         return skipped("mirror pods are managed by the kubelet")
     if annotations.get(labels.INJECT) == labels.INJECT_DISABLED or _opted_out(metadata.get("labels")):
         return skipped(f"object opted out ({labels.INJECT}={labels.INJECT_DISABLED})")
+    return kind, workload, annotations
 
-    plans: list[tuple[PodTemplate, list[GpuContainer], list[str]]] = []
-    stale_ops: list[dict[str, Any]] = []
-    opted_out_templates = 0
+
+def _plan(
+    obj: dict[str, Any],
+    screened: _Screened,
+    namespace: NamespaceFacts,
+    config: CompiledConfig,
+    claims: ClaimFacts,
+) -> _Plan | MutationResult:
+    """The object's pod templates that ask for a configured GPU, each with its GPU containers and
+    GPU types, or the denial of a request the webhook will not serve."""
+    kind, workload, annotations = screened
+    plan = _Plan(kind)
     try:
         templates = find_templates(obj, workload.template_paths, MAX_TEMPLATES)
     except TemplateKeyError as exc:
@@ -156,7 +206,6 @@ def mutate(
     if len(templates) > MAX_TEMPLATES:
         return denied(f"{kind} holds more than {MAX_TEMPLATES} pod templates, the most the webhook handles")
     gpu_container_count = 0
-    claim_warnings: tuple[str, ...] = ()
     try:
         for found in templates:
             if not isinstance(found.body.get("spec"), dict):
@@ -166,7 +215,7 @@ def mutate(
             else:
                 template_annotations = _string_map(_string_map(found.body, "metadata"), "annotations")
             if found.pointer and _opted_out(template_annotations):
-                opted_out_templates += 1
+                plan.opted_out_templates += 1
                 continue
             # Injected under another config: take back what that injection recorded, then decide
             # on the template as it is without it (see injection_record). Most templates carry no
@@ -174,7 +223,7 @@ def mutate(
             template = found
             if labels.INJECTED_ITEMS in template_annotations:
                 template, removal = strip_stale(found, config.digest)
-                stale_ops += removal
+                plan.stale_ops.extend(removal)
             spec = template.body["spec"]
             containers = gpu_containers(
                 spec, config, template.where, MAX_GPU_CONTAINERS - gpu_container_count
@@ -183,7 +232,7 @@ def mutate(
                 containers, warned = claim_containers(
                     spec, containers, config, claims, namespace.name, template.where
                 )
-                claim_warnings += warned
+                plan.claim_warnings += warned
             if containers:
                 gpu_container_count += len(containers)
                 if gpu_container_count > MAX_GPU_CONTAINERS:
@@ -197,23 +246,33 @@ def mutate(
                     if labels.GPU_TYPE in template_annotations or labels.GPU_TYPE in annotations
                     else []
                 )
-                plans.append((template, containers, gpu_types))
+                plan.plans.append((template, containers, gpu_types))
     except GpuRequestError as exc:
         return denied(str(exc))
-    if not plans:
-        if claim_warnings:
-            reason = (
-                "resource claims the webhook could not learn; allowed unmodified by policy.claimLookupFailure"
-            )
-            decision = Decision.MUTATED if stale_ops else Decision.SKIPPED
-            return MutationResult(decision, stale_ops, [*claim_warnings], reason, allowed_unknown="claim")
-        if stale_ops:
-            reason = "removed what an earlier config injected; nothing to inject now"
-            return MutationResult(Decision.MUTATED, stale_ops, [], reason)
-        if opted_out_templates:
-            return skipped("every GPU template opted out, or no container requests a configured GPU")
-        return skipped("no container requests a configured GPU resource")
+    return plan
 
+
+def _nothing_to_inject(plan: _Plan) -> MutationResult:
+    """No template asks for a GPU: why, and any stale injection taken back."""
+    if plan.claim_warnings:
+        reason = (
+            "resource claims the webhook could not learn; allowed unmodified by policy.claimLookupFailure"
+        )
+        decision = Decision.MUTATED if plan.stale_ops else Decision.SKIPPED
+        return MutationResult(
+            decision, plan.stale_ops, [*plan.claim_warnings], reason, allowed_unknown="claim"
+        )
+    if plan.stale_ops:
+        reason = "removed what an earlier config injected; nothing to inject now"
+        return MutationResult(Decision.MUTATED, plan.stale_ops, [], reason)
+    if plan.opted_out_templates:
+        return skipped("every GPU template opted out, or no container requests a configured GPU")
+    return skipped("no container requests a configured GPU resource")
+
+
+def _inject(plan: _Plan, namespace: NamespaceFacts, config: CompiledConfig) -> MutationResult:
+    """What the configured profiles add to the planned templates, bounded and checked against
+    the namespace's facts and the conflict policy."""
     run = InjectionRun(
         digest=config.digest,
         host_path_block=_host_path_block(namespace),
@@ -221,19 +280,19 @@ def mutate(
         # review) for configs where none does.
         privileged_block=_privileged_block(namespace, config) if config.any_privileged else None,
     )
-    run.ops += stale_ops  # first: the injection ops below are computed on the stripped templates
-    if claim_warnings:
-        run.warnings += claim_warnings
+    run.ops += plan.stale_ops  # first: the injection ops below are computed on the stripped templates
+    if plan.claim_warnings:
+        run.warnings += plan.claim_warnings
     try:
-        for template, containers, gpu_types in plans:
+        for template, containers, gpu_types in plan.plans:
             inject_template(template, containers, gpu_types, run)
     except InjectionDenied as exc:
         return denied(str(exc), run.warnings)
 
     if len(run.ops) > MAX_PATCH_OPS:
         return denied(
-            f"injecting into this {kind} takes {len(run.ops)} patch operations; at most {MAX_PATCH_OPS} "
-            "(split the workload, or opt it out)"
+            f"injecting into this {plan.kind} takes {len(run.ops)} patch operations; at most "
+            f"{MAX_PATCH_OPS} (split the workload, or opt it out)"
         )
     unchecked = bool(run.host_paths_added) and not namespace.known
     if unchecked:
@@ -246,7 +305,7 @@ def mutate(
     profiles = tuple(run.profiles_used)
     if run.conflicts and config.policy.conflict_policy.value == "deny":
         return denied("conflicts with the user's settings: " + "; ".join(run.conflicts), run.warnings)
-    allowed_unknown = "claim" if claim_warnings else ""
+    allowed_unknown = "claim" if plan.claim_warnings else ""
     if run.ops:
         reason = f"injected {'+'.join(profiles)}@{config.digest}"
         return MutationResult(
