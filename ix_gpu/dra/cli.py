@@ -68,6 +68,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             "resourceslices; get, list and watch on nodes."
         ),
     )
+    _add_identity_and_config(dra)
+    _add_kubelet_paths(dra)
+    _add_publishing(dra)
+    _add_serving(dra)
+    add_log_level(dra)
+    dra.set_defaults(handler=run_dra)
+
+
+def _add_identity_and_config(dra: argparse.ArgumentParser) -> None:
+    """Who this driver is, on which node, from which config and devices."""
     dra.add_argument(
         "--driver-name",
         default=DEFAULT_DRIVER,
@@ -99,6 +109,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     dra.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
     dra.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
     dra.add_argument("--root", metavar="DIR", default="/", help="host root for /dev and /sys, default /")
+
+
+def _add_kubelet_paths(dra: argparse.ArgumentParser) -> None:
+    """Where the kubelet and the container runtime meet the driver on the host."""
     dra.add_argument(
         "--plugins-dir",
         metavar="DIR",
@@ -129,6 +143,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="FILE",
         help="prepared claims, kept across restarts (default <plugins-dir>/<driver>/checkpoint.json)",
     )
+
+
+def _add_publishing(dra: argparse.ArgumentParser) -> None:
+    """What the ResourceSlice holds, and how often it is brought up to date."""
     dra.add_argument(
         "--unhealthy",
         choices=UNHEALTHY_MODES,
@@ -154,6 +172,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="SECONDS",
         help="how often devices are discovered and their health checked (default 5)",
     )
+
+
+def _add_serving(dra: argparse.ArgumentParser) -> None:
+    """The driver's own endpoint and its way to the API server."""
     dra.add_argument(
         "--metrics-port",
         type=port_number,
@@ -177,8 +199,6 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="outside a Pod: a kubeconfig whose user has a token, a tokenFile or a client certificate "
         "(default: in-cluster)",
     )
-    add_log_level(dra)
-    dra.set_defaults(handler=run_dra)
 
 
 def _problem(kind: str, value: str, problems: list[str]) -> None:

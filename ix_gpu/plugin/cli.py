@@ -53,8 +53,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
-    # Here, not at the top: the handlers' modules read this module's defaults.
-    from ix_gpu.plugin.commands import run_cdi_generate, run_devices, run_labels_prune
+    """The device plugin's commands, in the order ``ix-gpu --help`` lists them. Each handler is
+    imported where its command is added, not at the top: the handlers' modules read this
+    module's defaults."""
+    for add in (_add_plugin, _add_devices, _add_cdi, _add_labels):
+        add(subparsers)
+
+
+def _add_plugin(subparsers: argparse._SubParsersAction[Any]) -> None:
     from ix_gpu.plugin.startup import run_plugin
 
     plugin = subparsers.add_parser(
@@ -121,6 +127,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_log_level(plugin)
     plugin.set_defaults(handler=run_plugin)
 
+
+def _add_devices(subparsers: argparse._SubParsersAction[Any]) -> None:
+    from ix_gpu.plugin.commands import run_devices
+
     devices = subparsers.add_parser(
         "devices",
         help="list the GPU devices the plugin would advertise",
@@ -128,6 +138,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     _add_common(devices)
     devices.set_defaults(handler=run_devices)
+
+
+def _add_cdi(subparsers: argparse._SubParsersAction[Any]) -> None:
+    from ix_gpu.plugin.commands import run_cdi_generate
 
     cdi = subparsers.add_parser("cdi", help="Container Device Interface specs for the advertised devices")
     cdi_sub = cdi.add_subparsers(dest="cdi_command", metavar="SUBCOMMAND")
@@ -156,6 +170,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="host driver directory to mount (default: cdi.driverRoot, else the vendor's)",
     )
     generate.set_defaults(handler=run_cdi_generate)
+
+
+def _add_labels(subparsers: argparse._SubParsersAction[Any]) -> None:
+    from ix_gpu.plugin.commands import run_labels_prune
 
     node_labels = subparsers.add_parser("labels", help="the ix-gpu.io/gpu.* node labels the plugin publishes")
     labels_sub = node_labels.add_subparsers(dest="labels_command", metavar="SUBCOMMAND")

@@ -21,9 +21,14 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """The webhook's commands, in the order ``ix-gpu --help`` lists them."""
     from ix_gpu.webhook.service.service_cli import register_service
 
-    register_service(subparsers)
+    for add in (register_service, _add_mutate, _add_config, _add_check_injection, _add_certs):
+        add(subparsers)
+
+
+def _add_mutate(subparsers: argparse._SubParsersAction[Any]) -> None:
     mutate = subparsers.add_parser(
         "mutate",
         help="preview what the webhook would inject into Pods/TFJobs (YAML or JSON in, YAML out)",
@@ -76,6 +81,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     mutate.set_defaults(handler=_run_mutate)
 
+
+def _add_config(subparsers: argparse._SubParsersAction[Any]) -> None:
     config = subparsers.add_parser("config", help="validate or print the webhook configuration or its schema")
     config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     config_sub.required = True
@@ -104,6 +111,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     schema.set_defaults(handler=_run_config_schema)
 
+
+def _add_check_injection(subparsers: argparse._SubParsersAction[Any]) -> None:
     check = subparsers.add_parser(
         "check-injection",
         help="dry-run a GPU pod through the apiserver and check that the webhook injected it",
@@ -129,6 +138,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     check.set_defaults(handler=_run_check_injection)
 
+
+def _add_certs(subparsers: argparse._SubParsersAction[Any]) -> None:
     certs = subparsers.add_parser("certs", help="TLS material for the webhook")
     certs_sub = certs.add_subparsers(dest="certs_command", metavar="SUBCOMMAND")
     certs_sub.required = True

@@ -42,6 +42,18 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
             "namespace annotations and labels are unknown (said at startup)."
         ),
     )
+    _add_serving(webhook)
+    _add_cluster(webhook)
+    add_log_level(webhook, "; info logs one line per admission")
+    _add_limits(webhook)
+    from ix_gpu.webhook.service.self_cert_cli import add_arguments as add_self_cert_arguments
+
+    add_self_cert_arguments(webhook)
+    webhook.set_defaults(handler=_run_webhook)
+
+
+def _add_serving(webhook: argparse.ArgumentParser) -> None:
+    """Where and how the webhook serves: files, addresses, timeouts, shutdown."""
     webhook.add_argument("--config", metavar="FILE", help="webhook config (default: the built-in one)")
     webhook.add_argument(
         "--cert-dir",
@@ -99,6 +111,10 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "then finish the reviews in flight and exit 0. 0, a second SIGTERM, or SIGINT: stop at once "
         "(default: 5)",
     )
+
+
+def _add_cluster(webhook: argparse.ArgumentParser) -> None:
+    """How the webhook reads the cluster: the namespace cache's staleness and lookups."""
     webhook.add_argument(
         "--cache-max-staleness",
         default=300.0,
@@ -119,7 +135,10 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "below the webhook registration's timeoutSeconds (chart: webhook.namespaceLookupBudgetSeconds) "
         "(default: 3)",
     )
-    add_log_level(webhook, "; info logs one line per admission")
+
+
+def _add_limits(webhook: argparse.ArgumentParser) -> None:
+    """What one client can make the webhook hold."""
     defaults = Limits()
     limits = webhook.add_argument_group(
         "limits", "what one client can make the webhook hold (connections, header and body bytes, CPU time)"
@@ -166,10 +185,6 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
         "one at a time; one not answered within this budget (counted from its last body byte) "
         f"gets 503 with Retry-After and its child is killed (default: {defaults.request_budget:g})",
     )
-    from ix_gpu.webhook.service.self_cert_cli import add_arguments as add_self_cert_arguments
-
-    add_self_cert_arguments(webhook)
-    webhook.set_defaults(handler=_run_webhook)
 
 
 def _run_webhook(args: argparse.Namespace) -> int:
