@@ -206,16 +206,11 @@ def _problem(kind: str, value: str, problems: list[str]) -> None:
         raise UsageError(f"{kind} {value!r}: {'; '.join(problems)}")
 
 
-def run_dra(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-    from concurrent.futures import ThreadPoolExecutor
-
+def _checked_args(args: argparse.Namespace) -> Path | None:
+    """Usage errors (exit 2 with one line) before anything starts; the config directory, when
+    --config names one."""
     from ix_gpu.config.k8s_names import absolute_path, dns1123_subdomain
-    from ix_gpu.runtime import json_logging
-    from ix_gpu.runtime.isolated import shared_child
 
-    json_logging.configure(args.log_level)
     _problem("--driver-name", args.driver_name, dns1123_subdomain(args.driver_name))
     if not args.node_name:
         raise UsageError("--node-name (or NODE_NAME) is required: it names this node's pool")
@@ -232,6 +227,19 @@ def run_dra(args: argparse.Namespace) -> int:
     config_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     if args.default_config and config_dir is None:
         raise UsageError("--default-config needs --config DIR (a directory of named configs)")
+    return config_dir
+
+
+def run_dra(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ix_gpu.runtime import json_logging
+    from ix_gpu.runtime.isolated import shared_child
+
+    json_logging.configure(args.log_level)
+    config_dir = _checked_args(args)
     api = _connect(args.kubeconfig)
 
     from ix_gpu.node.backends.base import BackendError

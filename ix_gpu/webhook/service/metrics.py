@@ -31,8 +31,29 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class ServiceMetrics:
+    """The webhook's own registry, by subject: admissions, reloads and certificates, connection
+    limits, the namespace and claim caches. Every labelled series that can be known in advance is
+    made at start, so a rate() over it starts from 0 rather than from its first event."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._admissions()
+        self._reloads()
+        self._limits()
+        self._lookups()
+        self._kinds: set[str] = set()
+        self._request_children: dict[tuple[str, str, str], Counter] = {}
+        for result in (SUCCESS, ERROR):
+            self.config_reloads.labels(result)
+            self.cert_reloads.labels(result)
+        for lookup in ("namespace", "claim"):
+            self.allowed_unmodified.labels(lookup)
+        for result in ("hit", "fetched", "absent", "failed", "retried"):
+            self.namespace_lookups.labels(result)
+        for outcome in ("arrived", "missing"):
+            self.claim_waits.labels(outcome)
+
+    def _admissions(self) -> None:
         self.requests = Counter(
             "ix_gpu_admission_requests",
             "AdmissionReview requests answered, by kind, operation and result.",
@@ -50,6 +71,20 @@ class ServiceMetrics:
             "Admissions that hit a bug in the webhook (answered with a denial); should stay 0.",
             registry=self.registry,
         )
+        self.unchecked_pod_security = Counter(
+            "ix_gpu_admission_pod_security_unchecked",
+            "GPU objects given hostPath volumes while their namespace's Pod Security level was unknown",
+            registry=self.registry,
+        )
+        self.allowed_unmodified = Counter(
+            "ix_gpu_admission_allowed_unmodified",
+            "GPU objects admitted without their injection because a namespace or a claim could not be "
+            "read and policy.namespaceLookupFailure or claimLookupFailure is allow-unmodified.",
+            ("lookup",),
+            registry=self.registry,
+        )
+
+    def _reloads(self) -> None:
         self.config_reloads = Counter(
             "ix_gpu_config_reloads",
             "Webhook config reload attempts; result=error keeps the last good config.",
@@ -67,6 +102,14 @@ class ServiceMetrics:
             "Unix time the serving certificate in use stops being valid (its notAfter)",
             registry=self.registry,
         )
+        self.config_info = Gauge(
+            "ix_gpu_config_info",
+            "1 for the digest of the config being served.",
+            ("digest",),
+            registry=self.registry,
+        )
+
+    def _limits(self) -> None:
         self.over_budget = Counter(
             "ix_gpu_admission_over_budget",
             "Large reviews answered 503 because they could not be served within --request-budget",
@@ -84,23 +127,13 @@ class ServiceMetrics:
             "Idle connections closed to make room for a new one at the connection cap",
             registry=self.registry,
         )
-        self.unchecked_pod_security = Counter(
-            "ix_gpu_admission_pod_security_unchecked",
-            "GPU objects given hostPath volumes while their namespace's Pod Security level was unknown",
-            registry=self.registry,
-        )
+
+    def _lookups(self) -> None:
         self.namespace_lookups = Counter(
             "ix_gpu_namespace_lookups",
             "Namespace fact lookups: hit (cache), fetched (direct GET on a miss), absent (404), failed "
             "(its budget spent), retried (a GET tried again).",
             ("result",),
-            registry=self.registry,
-        )
-        self.allowed_unmodified = Counter(
-            "ix_gpu_admission_allowed_unmodified",
-            "GPU objects admitted without their injection because a namespace or a claim could not be "
-            "read and policy.namespaceLookupFailure or claimLookupFailure is allow-unmodified.",
-            ("lookup",),
             registry=self.registry,
         )
         self.namespace_relists = Counter(
@@ -126,23 +159,6 @@ class ServiceMetrics:
             ("kind",),
             registry=self.registry,
         )
-        self.config_info = Gauge(
-            "ix_gpu_config_info",
-            "1 for the digest of the config being served.",
-            ("digest",),
-            registry=self.registry,
-        )
-        self._kinds: set[str] = set()
-        self._request_children: dict[tuple[str, str, str], Counter] = {}
-        for result in (SUCCESS, ERROR):
-            self.config_reloads.labels(result)
-            self.cert_reloads.labels(result)
-        for lookup in ("namespace", "claim"):
-            self.allowed_unmodified.labels(lookup)
-        for result in ("hit", "fetched", "absent", "failed", "retried"):
-            self.namespace_lookups.labels(result)
-        for outcome in ("arrived", "missing"):
-            self.claim_waits.labels(outcome)
 
     def namespace_cache_gauges(self, size: Callable[[], float], staleness: Callable[[], float]) -> None:
         """Expose the cache's size and staleness, computed at scrape time."""
