@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ix_gpu.config.webhook_config import EnvMode, Privileged, Profile, WebhookConfig, Workload
+from ix_gpu.config.webhook_config import WebhookConfig, Workload
+from ix_gpu.config.webhook_profile import EnvMode, Privileged, Profile
 from ix_gpu.webhook.core.injection_record import item_digest, item_ref
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ix_gpu.config.text import shown
-from ix_gpu.config.webhook_config import EnvMode, Privileged
+from ix_gpu.config.webhook_profile import EnvMode, Privileged
 from ix_gpu.webhook.core import patch_ops
 from ix_gpu.webhook.core.compiled_config import IF_SET_MODES, ContainerFast, InjectedEnv
 from ix_gpu.webhook.core.gpu_requests import GpuContainer
