@@ -21,8 +21,8 @@ from ix_gpu.config.webhook_config import default_config, parse_config
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
-from ix_gpu.webhook.core.injection_record import item_ref
 from ix_gpu.webhook.core.mutation import mutate
+from ix_gpu.webhook.core.record_items import item_ref
 from tests.support.objects import container, pod
 from tests.webhook.test_properties import (
     CLAIMS,

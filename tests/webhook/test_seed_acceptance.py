@@ -11,8 +11,8 @@ import jsonpatch
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, NamespaceFacts
-from ix_gpu.webhook.core.injection_record import item_ref
 from ix_gpu.webhook.core.mutation import mutate
+from ix_gpu.webhook.core.record_items import item_ref
 from tests.support.k8s_schema import validate, validate_pod_template
 from tests.support.paths import EXAMPLES, WEBHOOK_FIXTURES, load_yaml
 

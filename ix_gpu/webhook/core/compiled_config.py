@@ -14,7 +14,7 @@ from typing import Any
 
 from ix_gpu.config.webhook_config import WebhookConfig, Workload
 from ix_gpu.config.webhook_profile import EnvMode, Privileged, Profile
-from ix_gpu.webhook.core.injection_record import item_digest, item_ref
+from ix_gpu.webhook.core.record_items import item_digest, item_ref
 
 # Resource names are user input; bound the match cache so odd names cannot grow memory forever.
 _MATCH_CACHE_LIMIT = 4096

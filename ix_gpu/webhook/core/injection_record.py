@@ -41,70 +41,26 @@ the common case (no record, or one made under the current config) pays nothing m
 
 from __future__ import annotations
 
-import base64
 import copy
-import hashlib
-from collections.abc import Sized
 from typing import Any
 
 import orjson
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.patch_ops import Op, token
+from ix_gpu.webhook.core.record_first_format import from_ops
+from ix_gpu.webhook.core.record_items import (
+    AFFINITY_LEVELS,
+    CONTAINER_CREATED,
+    ITEMS,
+    LIST_KEYS,
+    MAX_RECORD_CHARS,
+    SPEC_CREATED,
+    NotOurs,
+    bounded,
+    item_digest,
+)
 from ix_gpu.webhook.core.templates import PodTemplate
-
-ITEMS = labels.INJECTED_ITEMS
-_AFFINITY_LEVELS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
-_LIST_KEYS = {"c": "containers", "i": "initContainers"}
-_SPEC_CREATED = {"vol": "volumes", "tol": "tolerations", "sel": "nodeSelector"}
-_CONTAINER_CREATED = {"m": "volumeMounts", "e": "env", "p": "securityContext"}
-"""``new`` names a created list or map by the key its items are recorded under."""
-
-MAX_RECORD_CHARS = 32 << 10
-MAX_RECORDED = 64
-"""Entries per recorded list, and container groups, names or terms per record. Stripping compares
-each recorded entry with the object's entries; a record is the object's own annotation (its author
-could write anything), so its size must not multiply the work of a large object."""
-_MAX_DIGESTED_NODES = 256
-_MAX_DIGESTED_DEPTH = 8
-"""How much of an object's entry is digested when it is compared with a record: an injected item is
-a few small maps deep, so anything bigger is not one of ours and is not walked."""
-
-
-class _NotOurs(ValueError):
-    """A record, or an object's entry, that cannot be what this webhook wrote."""
-
-
-def _empty(value: Any) -> bool:
-    return value is None or value is False or value == "" or value == [] or value == {}
-
-
-def _normal(value: Any, depth: int, budget: list[int]) -> Any:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > _MAX_DIGESTED_DEPTH:
-        raise _NotOurs("too large to be an injected item")
-    if isinstance(value, dict):
-        return {k: _normal(v, depth + 1, budget) for k, v in value.items() if not _empty(v)}
-    if isinstance(value, list):
-        return [_normal(v, depth + 1, budget) for v in value]
-    return value
-
-
-def item_digest(value: Any) -> str | None:
-    """Six characters (36 bits) that identify ``value`` up to empty fields; None when ``value`` is
-    too big or odd to be an injected item (nothing recorded can match it). An object's own entry
-    matches a recorded digest by chance about once in 7 * 10**10, and then only under the same
-    name or key."""
-    try:
-        encoded = orjson.dumps(_normal(value, 0, [_MAX_DIGESTED_NODES]), option=orjson.OPT_SORT_KEYS)
-    except (_NotOurs, TypeError, orjson.JSONEncodeError):
-        return None
-    return base64.urlsafe_b64encode(hashlib.blake2b(encoded, digest_size=6).digest())[:6].decode()
-
-
-def item_ref(name: Any, value: Any) -> str:
-    """``<name>@<digest>``: how the record names one injected item."""
-    return f"{name if isinstance(name, str) else ''}@{item_digest(value)}"
 
 
 class TemplateRecord:
@@ -161,26 +117,12 @@ class TemplateRecord:
         return orjson.dumps(record).decode()
 
 
-def _add_to_group(record: dict[str, Any], list_key: str, name: str, mine: dict[str, Any]) -> None:
-    """Containers that got the same items share one entry, keyed by their names joined with ``,``
-    (a container name is a DNS label: it holds no comma)."""
-    if "," in name or not name or len(name) > 253:
-        return  # not a name to find a container by again
-    groups: dict[str, Any] = record.setdefault(list_key, {})
-    for key, theirs in groups.items():
-        if theirs == mine:
-            del groups[key]
-            groups[f"{key},{name}"] = theirs
-            return
-    groups[name] = mine
-
-
 def merge_records(stored: str, new: str, spec: dict[str, Any]) -> str:
     """``new`` added to the record already on the template (a second pass under the same config that
     still had something to add, e.g. a container added by another webhook)."""
     try:
         old = _read(stored, spec)
-    except (_NotOurs, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
+    except (NotOurs, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
         return new
     added = orjson.loads(new)
     for key in ("vol", "tol", "new"):
@@ -197,7 +139,7 @@ def merge_records(stored: str, new: str, spec: dict[str, Any]) -> str:
             have = mine["terms"].setdefault(index, {"new": 0, "x": []})
             have["new"] = int(bool(have["new"] or term["new"]))
             have["x"] = have["x"] + term["x"]
-    for list_key in _LIST_KEYS:
+    for list_key in LIST_KEYS:
         for names, mine in added.get(list_key, {}).items():
             old.setdefault(list_key, {})[names] = mine
     return orjson.dumps(old).decode()
@@ -206,16 +148,16 @@ def merge_records(stored: str, new: str, spec: dict[str, Any]) -> str:
 def _read(items: str, spec: dict[str, Any]) -> dict[str, Any]:
     """A record in this module's format, from either format (raises when it is not one)."""
     if len(items) > MAX_RECORD_CHARS:  # far above any record we write: not ours to parse
-        raise _NotOurs("record too long")
+        raise NotOurs("record too long")
     data = orjson.loads(items)
     if not isinstance(data, dict):
-        raise _NotOurs("not a record")
+        raise NotOurs("not a record")
     if "ops" in data or "at" in data:  # the first format
         if isinstance(data.get("ops"), list) and isinstance(data.get("at"), str):
-            return _from_ops(spec, data)
-        raise _NotOurs("not a record")
+            return from_ops(spec, data)
+        raise NotOurs("not a record")
     if "v" in data:  # a later format, which this version cannot read
-        raise _NotOurs("not a record this version reads")
+        raise NotOurs("not a record this version reads")
     return data
 
 
@@ -230,7 +172,7 @@ def _stored(body: dict[str, Any], digest: str) -> dict[str, Any] | None:
         return None
     try:
         return _read(items, body.get("spec") or {})
-    except (_NotOurs, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
+    except (NotOurs, orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError):
         return None  # not a record we wrote
 
 
@@ -247,7 +189,7 @@ def strip_stale(template: PodTemplate, digest: str) -> tuple[PodTemplate, list[O
     ops: list[Op] = []
     try:
         _strip(spec, spec_ptr, record, ops)
-    except (_NotOurs, KeyError, TypeError, ValueError, AttributeError, IndexError):
+    except (NotOurs, KeyError, TypeError, ValueError, AttributeError, IndexError):
         return template, []  # a record we cannot read is not acted on
     metadata_ptr = f"{template.pointer}/metadata/annotations"
     annotations = body["metadata"]["annotations"]
@@ -263,37 +205,31 @@ def strip_stale(template: PodTemplate, digest: str) -> tuple[PodTemplate, list[O
 # -- reading a record: every part is checked for shape and size before it is acted on ------------
 
 
-def _bounded(value: Any, kind: type[Sized]) -> Any:
-    if not isinstance(value, kind) or len(value) > MAX_RECORDED:
-        raise _NotOurs("not a record")
-    return value
-
-
 def _strings(value: Any) -> list[str]:
-    items: list[Any] = _bounded(value, list)
+    items: list[Any] = bounded(value, list)
     if not all(isinstance(item, str) for item in items):
-        raise _NotOurs("not a record")
+        raise NotOurs("not a record")
     return items
 
 
 def _strip(spec: dict[str, Any], spec_ptr: str, record: dict[str, Any], ops: list[Op]) -> None:
     _remove_refs(spec.get("volumes"), _strings(record.get("vol", [])), "name", f"{spec_ptr}/volumes", ops)
-    for list_key, list_name in _LIST_KEYS.items():
+    for list_key, list_name in LIST_KEYS.items():
         entries = spec.get(list_name)
-        groups = _bounded(record.get(list_key, {}), dict)
+        groups = bounded(record.get(list_key, {}), dict)
         if not isinstance(entries, list):
             continue
         for names, mine in groups.items():
             for name in _strings(names.split(",")):
                 for index, body in enumerate(entries):
                     if isinstance(body, dict) and body.get("name") == name:
-                        _strip_container(body, f"{spec_ptr}/{list_name}/{index}", _bounded(mine, dict), ops)
+                        _strip_container(body, f"{spec_ptr}/{list_name}/{index}", bounded(mine, dict), ops)
                         break
     tolerations = _strings(record.get("tol", []))
     _remove_refs(spec.get("tolerations"), tolerations, "key", f"{spec_ptr}/tolerations", ops)
     selector = spec.get("nodeSelector")
     if isinstance(selector, dict):
-        for key, value in _bounded(record.get("sel", {}), dict).items():
+        for key, value in bounded(record.get("sel", {}), dict).items():
             if selector.get(key) == value:
                 ops.append({"op": "remove", "path": f"{spec_ptr}/nodeSelector/{token(key)}"})
                 del selector[key]
@@ -301,8 +237,8 @@ def _strip(spec: dict[str, Any], spec_ptr: str, record: dict[str, Any], ops: lis
         ops.append({"op": "remove", "path": f"{spec_ptr}/runtimeClassName"})
         del spec["runtimeClassName"]
     if "aff" in record:
-        _strip_affinity(spec, spec_ptr, _bounded(record["aff"], dict), ops)
-    _remove_emptied(spec, spec_ptr, _strings(record.get("new", [])), _SPEC_CREATED, ops)
+        _strip_affinity(spec, spec_ptr, bounded(record["aff"], dict), ops)
+    _remove_emptied(spec, spec_ptr, _strings(record.get("new", [])), SPEC_CREATED, ops)
 
 
 def _remove_refs(entries: Any, refs: list[str], key: str | None, path: str, ops: list[Op]) -> None:
@@ -347,10 +283,10 @@ def _strip_container(body: dict[str, Any], ptr: str, mine: dict[str, Any], ops: 
     _remove_refs(body.get("volumeMounts"), _strings(mine.get("m", [])), None, f"{ptr}/volumeMounts", ops)
     env = body.get("env")
     if isinstance(env, list):
-        for written in _bounded(mine.get("e", []), list):
-            name, wrote = _strings(_bounded(written, list)[:2])
+        for written in bounded(mine.get("e", []), list):
+            name, wrote = _strings(bounded(written, list)[:2])
             if len(written) > 3 or (len(written) == 3 and not isinstance(written[2], str | None)):
-                raise _NotOurs("not a record")
+                raise NotOurs("not a record")
             index = _last_named(env, name)
             if index < 0 or env[index].get("value") != wrote or "valueFrom" in env[index]:
                 continue  # gone, or changed since: the user's now
@@ -367,18 +303,18 @@ def _strip_container(body: dict[str, Any], ptr: str, mine: dict[str, Any], ops: 
     if mine.get("p") and isinstance(context, dict) and context.get("privileged") is True:
         ops.append({"op": "remove", "path": f"{ptr}/securityContext/privileged"})
         del context["privileged"]
-    _remove_emptied(body, ptr, _strings(mine.get("new", [])), _CONTAINER_CREATED, ops)
+    _remove_emptied(body, ptr, _strings(mine.get("new", [])), CONTAINER_CREATED, ops)
 
 
 def _strip_affinity(spec: dict[str, Any], spec_ptr: str, entry: dict[str, Any], ops: list[Op]) -> None:
     node: Any = spec
-    for level in _AFFINITY_LEVELS:
+    for level in AFFINITY_LEVELS:
         node = node.get(level) if isinstance(node, dict) else None
     terms = node.get("nodeSelectorTerms") if isinstance(node, dict) else None
     if not isinstance(terms, list):
         return
-    terms_ptr = f"{spec_ptr}/{'/'.join(_AFFINITY_LEVELS)}/nodeSelectorTerms"
-    for index, mine in _bounded(entry.get("terms", {}), dict).items():
+    terms_ptr = f"{spec_ptr}/{'/'.join(AFFINITY_LEVELS)}/nodeSelectorTerms"
+    for index, mine in bounded(entry.get("terms", {}), dict).items():
         term = terms[int(index)] if int(index) < len(terms) else None
         if isinstance(term, dict):
             path = f"{terms_ptr}/{index}/matchExpressions"
@@ -392,107 +328,11 @@ def _strip_affinity(spec: dict[str, Any], spec_ptr: str, entry: dict[str, Any], 
         # We created the required affinity: with our expressions gone it would hold empty terms,
         # which match no node. Remove it, and the levels above it that it leaves empty.
         parents: list[dict[str, Any]] = [spec]
-        for level in _AFFINITY_LEVELS[:-1]:
+        for level in AFFINITY_LEVELS[:-1]:
             parents.append(parents[-1][level])
-        for depth in range(len(_AFFINITY_LEVELS) - 1, -1, -1):
-            parent, level = parents[depth], _AFFINITY_LEVELS[depth]
-            if depth < len(_AFFINITY_LEVELS) - 1 and parent[level]:
+        for depth in range(len(AFFINITY_LEVELS) - 1, -1, -1):
+            parent, level = parents[depth], AFFINITY_LEVELS[depth]
+            if depth < len(AFFINITY_LEVELS) - 1 and parent[level]:
                 break
-            ops.append({"op": "remove", "path": f"{spec_ptr}/{'/'.join(_AFFINITY_LEVELS[: depth + 1])}"})
+            ops.append({"op": "remove", "path": f"{spec_ptr}/{'/'.join(AFFINITY_LEVELS[: depth + 1])}"})
             del parent[level]
-
-
-# -- the first format: the patch ops themselves, relative to the template ------------------------
-
-
-def _unescape(part: str) -> str:
-    return part.replace("~1", "/").replace("~0", "~") if "~" in part else part
-
-
-def _from_ops(spec: dict[str, Any], captured: dict[str, Any]) -> dict[str, Any]:
-    """A first-format record (the ops as they were applied, and the env values they replaced) in
-    this module's format: each added item named by its digest, as if recorded today."""
-    record: dict[str, Any] = {}
-    previous = _bounded(captured.get("previous", {}), dict)
-    cut = len(captured["at"])
-    containers: dict[tuple[str, str], dict[str, Any]] = {}
-    for op in _bounded(captured["ops"], list):
-        path, value = op["path"][cut:], op.get("value")
-        if not path.startswith("/spec/"):
-            continue
-        parts = [_unescape(p) for p in path[len("/spec/") :].split("/")]
-        head = parts[0]
-        if len(parts) == 1 and head in _SPEC_FIELDS:
-            record.setdefault("new", []).append(_SPEC_FIELDS[head])
-        values = _bounded(value, list) if len(parts) == 1 and head in ("volumes", "tolerations") else [value]
-        if head == "volumes":
-            record.setdefault("vol", []).extend(item_ref(v.get("name"), v) for v in values)
-        elif head == "tolerations":
-            record.setdefault("tol", []).extend(item_ref(t.get("key", ""), t) for t in values)
-        elif head == "nodeSelector":
-            record.setdefault("sel", {}).update(value if len(parts) == 1 else {parts[1]: value})
-        elif head == "runtimeClassName":
-            record["rc"] = value
-        elif head == "affinity":
-            _affinity_from_op(record, parts, value)
-        elif head in ("containers", "initContainers") and len(parts) >= 3 and parts[1].isdigit():
-            entries = spec.get(head)
-            index = int(parts[1])
-            body = entries[index] if isinstance(entries, list) and index < len(entries) else None
-            name = body.get("name") if isinstance(body, dict) else None
-            if isinstance(body, dict) and isinstance(name, str):
-                mine = containers.setdefault((head, name), {})
-                _container_from_op(mine, body, parts[2:], value, previous.get(path, _ABSENT))
-    for (list_name, name), mine in containers.items():
-        if mine:
-            _add_to_group(record, "i" if list_name == "initContainers" else "c", name, mine)
-    return record
-
-
-_ABSENT = object()
-_SPEC_FIELDS = {field: key for key, field in _SPEC_CREATED.items()}
-_CONTAINER_FIELDS = {field: key for key, field in _CONTAINER_CREATED.items()}
-
-
-def _affinity_from_op(record: dict[str, Any], parts: list[str], value: Any) -> None:
-    entry = record.setdefault("aff", {"new": 0, "terms": {}})
-    levels = (*_AFFINITY_LEVELS, "nodeSelectorTerms")
-    if tuple(parts) == levels[: len(parts)]:  # a level was missing and added whole, with one term
-        entry["new"] = 1
-        node = value
-        for level in levels[len(parts) :]:
-            node = node[level]
-        expressions = node[0]["matchExpressions"]
-        entry["terms"]["0"] = {"new": 1, "x": [item_ref(e.get("key"), e) for e in expressions]}
-        return
-    term = entry["terms"].setdefault(parts[len(levels)], {"new": 0, "x": []})
-    if parts[-1] == "matchExpressions":  # the term had none: the list was created
-        term["new"] = 1
-        term["x"].extend(item_ref(e.get("key"), e) for e in value)
-    else:  # .../matchExpressions/-
-        term["x"].append(item_ref(value.get("key"), value))
-
-
-def _container_from_op(
-    mine: dict[str, Any], body: dict[str, Any], rest: list[str], value: Any, before: Any
-) -> None:
-    field = rest[0]
-    if len(rest) == 1 and field in _CONTAINER_FIELDS:
-        mine.setdefault("new", []).append(_CONTAINER_FIELDS[field])
-    if field == "volumeMounts":
-        mounts = value if len(rest) == 1 else [value]
-        mine.setdefault("m", []).extend(str(item_digest(m)) for m in mounts)
-    elif field == "securityContext":
-        mine["p"] = 1
-    elif field == "env" and len(rest) <= 2:  # the list created, or entries appended
-        for item in value if len(rest) == 1 else [value]:
-            mine.setdefault("e", []).append([item["name"], item["value"]])
-    elif field == "env" and len(rest) == 3 and rest[1].isdigit():  # an existing entry's value set
-        entries = body.get("env")
-        entry = entries[int(rest[1])] if isinstance(entries, list) else {}
-        # The first format wrote null for an entry without a value (an env value held anything
-        # else would not have passed the apiserver's validation): we gave it one, so take it back.
-        if isinstance(before, str) or before is None:
-            mine.setdefault("e", []).append(
-                [entry.get("name"), value, before if isinstance(before, str) else None]
-            )

@@ -23,9 +23,10 @@ from ix_gpu.webhook.core import patch_ops
 from ix_gpu.webhook.core.compiled_config import CompiledProfile
 from ix_gpu.webhook.core.container_injection import merge_container
 from ix_gpu.webhook.core.gpu_requests import GpuContainer
-from ix_gpu.webhook.core.injection_record import TemplateRecord, item_ref, merge_records
+from ix_gpu.webhook.core.injection_record import TemplateRecord, merge_records
 from ix_gpu.webhook.core.injection_run import InjectionRun, last_by, same
 from ix_gpu.webhook.core.patch_ops import token
+from ix_gpu.webhook.core.record_items import item_ref
 from ix_gpu.webhook.core.templates import PodTemplate
 
 WINDOWS_HOST_PATH = "Windows pods (spec.os.name: windows) cannot use hostPath"
