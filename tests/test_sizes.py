@@ -16,7 +16,6 @@ FUNCTION_LINES = 80
 
 OVER_TODAY = {
     "plugin/server/app.py": 519,
-    "config/yaml_input.py": 457,
     "webhook/service/http_protocol.py:guarded_protocol": 248,
 }
 """What is over its bound today, and by how much: only ever shorter."""

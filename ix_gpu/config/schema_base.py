@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-from ix_gpu.config.yaml_input import lines_of, load_yaml
+from ix_gpu.config.yaml_input import load_yaml
+from ix_gpu.config.yaml_lines import lines_of
 
 DIGEST_CHARS = 10
 """Hex characters of a config digest: enough to tell configs apart, short enough for an annotation."""

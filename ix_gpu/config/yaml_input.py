@@ -37,7 +37,7 @@ run on PyYAML's Python parser, whose composer counts depth as it goes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from re import Pattern
 from typing import Any, Final, Protocol
 
@@ -45,7 +45,7 @@ import yaml
 from yaml.composer import Composer
 from yaml.constructor import ConstructorError, SafeConstructor
 from yaml.error import MarkedYAMLError
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode
 from yaml.parser import Parser
 from yaml.reader import Reader, ReaderError
 from yaml.resolver import Resolver
@@ -53,6 +53,7 @@ from yaml.scanner import Scanner
 
 from ix_gpu.config.input_files import CONFIG_MAX_BYTES, MiB, YamlInputError, size_text
 from ix_gpu.config.text import one_line
+from ix_gpu.config.yaml_lines import node_line
 
 MANIFEST_MAX_BYTES: Final = 16 * MiB
 """``ix-gpu mutate`` input: a dump of many objects, each at most ~3 MiB by the API server's limit."""
@@ -83,10 +84,6 @@ _NO_TIMESTAMPS: Final = {
 
 class _LimitError(MarkedYAMLError):
     """A limit of this module, as opposed to bad YAML: reported as "refused", not "not valid"."""
-
-
-def _line(node: Node) -> int:
-    return int(node.start_mark.line) + 1
 
 
 def _short_tag(tag: str) -> str:
@@ -269,7 +266,7 @@ class _Checks:
                 raise ConstructorError(
                     None,
                     None,
-                    f"duplicate key {one_line(shown, 80)} (first on line {_line(first)})",
+                    f"duplicate key {one_line(shown, 80)} (first on line {node_line(first)})",
                     key_node.start_mark,
                 )
             seen[key] = key_node
@@ -367,38 +364,6 @@ def _load(
         raise YamlInputError(f"{source}: not valid {what}: {type(exc).__name__}: {one_line(exc)}") from None
 
 
-def lines_of(content: bytes | str, paths: Sequence[Sequence[int | str]]) -> list[int | None]:
-    """For each path of keys and indices into ``content``'s one document, the line (1-based) of the
-    deepest node the path reaches: a mapping entry's key, a list item's start. A part that is not
-    in the text (a missing field, a union member's tag, a key pulled in by a ``<<`` merge) stops the
-    walk there; ``None`` when not even its first part is.
-
-    For error messages only: ``content`` must already have passed :func:`load_yaml` (size, depth,
-    aliases, duplicate keys), which makes composing it a second time safe; a valid config never
-    pays for it."""
-    root = yaml.compose(content, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    return [_line_along(root, path) for path in paths]
-
-
-def _line_along(node: Node | None, path: Sequence[int | str]) -> int | None:
-    line = None
-    for part in path:
-        if isinstance(node, MappingNode) and isinstance(part, str):
-            found = next(
-                (pair for pair in node.value if isinstance(pair[0], ScalarNode) and pair[0].value == part),
-                None,
-            )
-            if found is None:
-                break
-            line, node = _line(found[0]), found[1]
-        elif isinstance(node, SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            node = node.value[part]
-            line = _line(node)
-        else:
-            break
-    return line
-
-
 def load_yaml(
     content: bytes | str,
     source: str,
@@ -451,7 +416,6 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "MAX_ALIAS_NODES",
     "MAX_DEPTH",
-    "lines_of",
     "load_yaml",
     "load_yaml_documents",
 ]
