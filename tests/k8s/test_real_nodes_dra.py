@@ -76,7 +76,8 @@ RESOURCE_API = "/apis/resource.k8s.io/v1"
 ALLOCATION_LABEL = "ix-gpu.io/gpu.allocation"
 CONFIG_LABEL = "ix-gpu.io/device-plugin.config"
 SHARED = "shared4"
-"""gpu-b's per-node config: its chips shared in 4 memory shares (sharing.timeSlicing.replicas)."""
+"""gpu-b's per-node config: its chips shared in 4 memory shares, written in NVIDIA's form
+(``sharing.timeSlicing.resources[]``), which DRA reads as the device plugin does."""
 SHARED_BOARDS = "shared2"
 """gpu-a's per-node config for one test: every board and chip shared in 2 memory shares."""
 INJECTED = "ix-gpu.io/injected"
@@ -100,9 +101,10 @@ def dra_values(images: Images) -> dict[str, Any]:
     # Boards beside chips on shared nodes too (gpu-b's one-chip boards are one device either way).
     values["dra"] = {"enabled": True, "extendedResourceName": RESOURCE, "partitionableShares": True}
     values["plugin"]["config"] = {"flags": {"splitboard": True}}
+    nvidia_form = {"resources": [{"name": RESOURCE, "replicas": 4}]}
     values["plugin"]["nodeConfigs"] = {
-        name: {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": replicas}}}
-        for name, replicas in ((SHARED, 4), (SHARED_BOARDS, 2))
+        SHARED: {"flags": {"splitboard": True}, "sharing": {"timeSlicing": nvidia_form}},
+        SHARED_BOARDS: {"flags": {"splitboard": True}, "sharing": {"timeSlicing": {"replicas": 2}}},
     }
     # CDI for the device plugin too, so a node relabelled for it serves pods through CDI.
     values["plugin"]["deviceListStrategy"] = "cdi"
@@ -263,7 +265,7 @@ def test_each_node_publishes_its_boards_and_chips_with_the_device_models_attribu
             assert attributes["defaultForm"] is True  # splitboard: true, the chips
             assert attributes["resource.kubernetes.io/pciBusID"] == f"0000:{0x8A + index:02x}:00.0"
             assert attributes["board"].startswith("board-"), attributes
-            if node == "gpu-b":  # its config shares each chip in 4
+            if node == "gpu-b":  # its config (NVIDIA's form) shares each chip in 4
                 assert device["allowMultipleAllocations"] is True, device
                 policy = {"default": "8Gi", "validRange": {"min": "8Gi", "max": "32Gi", "step": "8Gi"}}
                 assert device["capacity"] == {"memory": {"value": "32Gi", "requestPolicy": policy}}, device
