@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
+from ix_gpu.node.agent_flags import DEFAULT_CONFIG, add_device_flags
 from ix_gpu.runtime.usage import (
     UsageError,
     add_log_level,
@@ -42,11 +42,9 @@ DEFAULT_DRIVER = "gpu.iluvatar.com"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_CDI_DIR = "/var/run/cdi"  # = ix_gpu.node.devices.cdi.DEFAULT_CDI_DIR
-DEFAULT_CONFIG = "/ixconfig/ix-config"  # the device plugin's
 DEFAULT_DRA_METRICS_PORT = 9402
 """Not the device plugin's 9401, so that one Service port name and number means one agent (both
 run on a DRA node; either may run with the host's network)."""
-PLUGIN_CONFIG_ENV = "IX_GPU_PLUGIN_CONFIG"  # the device plugin's --config variable: one ix-config
 UNHEALTHY_MODES = ("taint", "remove")  # = ix_gpu.dra.devices.UNHEALTHY_MODES, without the import
 
 
@@ -89,26 +87,13 @@ def _add_identity_and_config(dra: argparse.ArgumentParser) -> None:
         "--node-name", metavar="NAME", help="this node's name, also the pool's name (required)"
     )
     set_env_name(node, "NODE_NAME")
-    config = dra.add_argument(
-        "--config",
-        metavar="PATH",
-        help=f"the ix-config file; only flags.splitboard, sharing.timeSlicing (memory shares per "
-        f"device: replicas, or NVIDIA's resources[] entry for this vendor's resource, as the device "
-        f"plugin reads them) and cdi.driverRoot apply here (default "
-        f"{DEFAULT_CONFIG} when it exists, else built-in defaults), or a directory of named configs "
-        "(a mounted ConfigMap) from which the node label ix-gpu.io/device-plugin.config picks one at "
-        "start, as for the device plugin; a later change of the label applies on restart",
+    add_device_flags(
+        dra,
+        config_applies="; only flags.splitboard, sharing.timeSlicing (memory shares per device: "
+        "replicas, or NVIDIA's resources[] entry for this vendor's resource, as the device plugin "
+        "reads them) and cdi.driverRoot apply here",
+        picked=" at start; a later change of the label applies on restart",
     )
-    set_env_name(config, PLUGIN_CONFIG_ENV)
-    dra.add_argument(
-        "--default-config",
-        metavar="NAME",
-        help="with a config directory: the config for nodes without the label (default: the one named "
-        "'default', else the only one)",
-    )
-    dra.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
-    dra.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
-    dra.add_argument("--root", metavar="DIR", default="/", help="host root for /dev and /sys, default /")
 
 
 def _add_kubelet_paths(dra: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
+from ix_gpu.node.agent_flags import add_device_flags
 from ix_gpu.runtime.usage import (
     add_log_level,
     interval_seconds_or_off,
@@ -22,34 +22,7 @@ from ix_gpu.runtime.usage import (
 )
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.config.plugin_config.DEFAULT_PATH, without pydantic
 DEFAULT_METRICS_PORT = 9401
-
-
-PLUGIN_CONFIG_ENV = "IX_GPU_PLUGIN_CONFIG"
-"""``--config`` of the plugin commands: IX_GPU_CONFIG is the webhook's config (``webhook``, ``mutate``)."""
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    config = parser.add_argument(
-        "--config",
-        metavar="PATH",
-        help=f"the ix-config file (default {DEFAULT_CONFIG} when it exists, else built-in defaults), or "
-        "a directory of named configs (a mounted ConfigMap) from which the node label "
-        "ix-gpu.io/device-plugin.config picks one",
-    )
-    set_env_name(config, PLUGIN_CONFIG_ENV)
-    parser.add_argument(
-        "--default-config",
-        metavar="NAME",
-        help="with a config directory: the config for nodes without the label (default: the one named "
-        "'default', else the only one)",
-    )
-    parser.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
-    parser.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
-    parser.add_argument(
-        "--root", metavar="DIR", default="/", help="host root for /dev and /sys (devfs/ixml/nvml), default /"
-    )
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -68,7 +41,7 @@ def _add_plugin(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="run the kubelet device plugin",
         description="Serve the kubelet device-plugin API (v1beta1) for Iluvatar or NVIDIA GPUs.",
     )
-    _add_common(plugin)
+    add_device_flags(plugin)
     plugin.add_argument(
         "--device-plugin-dir",
         metavar="DIR",
@@ -136,7 +109,7 @@ def _add_devices(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="list the GPU devices the plugin would advertise",
         description="Discover GPUs and print the devices the plugin would advertise, with their chips.",
     )
-    _add_common(devices)
+    add_device_flags(devices)
     devices.set_defaults(handler=run_devices)
 
 
@@ -160,7 +133,7 @@ def _add_cdi(subparsers: argparse._SubParsersAction[Any]) -> None:
             "rewritten. The plugin writes the same spec itself with deviceListStrategy: cdi."
         ),
     )
-    _add_common(generate)
+    add_device_flags(generate)
     generate.add_argument(
         "--output", metavar="FILE", help="write here instead (- for stdout) (default: in cdi.specDir)"
     )

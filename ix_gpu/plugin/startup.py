@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from ix_gpu.plugin.cli import DEFAULT_CONFIG
+from ix_gpu.node.agent_flags import DEFAULT_CONFIG
 from ix_gpu.runtime.usage import UsageError
 
 if TYPE_CHECKING:
