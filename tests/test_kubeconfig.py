@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from ix_gpu.webhook.service.certificates import generate_ca, issue_serving_cert
 
 pytestmark = pytest.mark.timeout(30)
@@ -136,16 +137,14 @@ def test_token_user_with_a_ca_file(tmp_path: Path, apiserver: Apiserver) -> None
     path = kubeconfig(
         tmp_path / "config", apiserver.url, {"token": "t0ken"}, {"certificate-authority": "ca.crt"}
     )
-    assert authenticated_as(ApiServer.from_kubeconfig(path), apiserver) == ("Bearer t0ken", None)
+    assert authenticated_as(read_kubeconfig(path), apiserver) == ("Bearer t0ken", None)
 
 
 def test_token_file_is_relative_to_the_kubeconfig_and_re_read(tmp_path: Path, apiserver: Apiserver) -> None:
     """As kubectl resolves it; a rotated token is used on the next request."""
     (tmp_path / "token").write_text("first\n")
     ca = {"certificate-authority-data": b64(apiserver.ca_pem)}
-    api = ApiServer.from_kubeconfig(
-        kubeconfig(tmp_path / "config", apiserver.url, {"tokenFile": "token"}, ca)
-    )
+    api = read_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, {"tokenFile": "token"}, ca))
     assert authenticated_as(api, apiserver) == ("Bearer first", None)
     (tmp_path / "token").write_text("second\n")
     assert authenticated_as(api, apiserver) == ("Bearer second", None)
@@ -158,7 +157,7 @@ def test_client_certificate_files(tmp_path: Path, apiserver: Apiserver) -> None:
     (tmp_path / "ca.crt").write_bytes(apiserver.ca_pem)
     user = {"client-certificate": str(tmp_path / "alice.crt"), "client-key": "alice.key"}
     path = kubeconfig(tmp_path / "config", apiserver.url, user, {"certificate-authority": "ca.crt"})
-    assert authenticated_as(ApiServer.from_kubeconfig(path), apiserver) == (None, "alice")
+    assert authenticated_as(read_kubeconfig(path), apiserver) == (None, "alice")
 
 
 def test_client_certificate_data_as_kubeadm_writes_it(tmp_path: Path, apiserver: Apiserver) -> None:
@@ -166,7 +165,7 @@ def test_client_certificate_data_as_kubeadm_writes_it(tmp_path: Path, apiserver:
     cert, key = client_cert(apiserver.ca_pem, apiserver.ca_key_pem, "kubernetes-admin")
     user = {"client-certificate-data": b64(cert), "client-key-data": b64(key)}
     ca = {"certificate-authority-data": b64(apiserver.ca_pem)}
-    api = ApiServer.from_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, user, ca))
+    api = read_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, user, ca))
     assert authenticated_as(api, apiserver) == (None, "kubernetes-admin")
     assert list(tmp_path.iterdir()) == [tmp_path / "config"]  # no key material left behind
 
@@ -175,14 +174,14 @@ def test_client_certificate_and_token_together(tmp_path: Path, apiserver: Apiser
     cert, key = client_cert(apiserver.ca_pem, apiserver.ca_key_pem, "bob")
     user = {"client-certificate-data": b64(cert), "client-key-data": b64(key), "token": "t"}
     ca = {"certificate-authority-data": b64(apiserver.ca_pem)}
-    api = ApiServer.from_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, user, ca))
+    api = read_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, user, ca))
     assert authenticated_as(api, apiserver) == ("Bearer t", "bob")
 
 
 def test_a_wrong_ca_fails_the_request_not_silently(tmp_path: Path, apiserver: Apiserver) -> None:
     other_ca, _ = generate_ca("someone-else")
     ca = {"certificate-authority-data": b64(other_ca)}
-    api = ApiServer.from_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, {"token": "t"}, ca))
+    api = read_kubeconfig(kubeconfig(tmp_path / "config", apiserver.url, {"token": "t"}, ca))
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
         api.request("GET", "/api/v1/nodes")
 
@@ -212,7 +211,7 @@ def test_other_forms_are_refused_naming_user_and_form(
         tmp_path / "config", "https://127.0.0.1:6443", user, {"certificate-authority-data": "eA=="}
     )
     with pytest.raises(ValueError) as caught:
-        ApiServer.from_kubeconfig(path)
+        read_kubeconfig(path)
     text = str(caught.value)
     assert text.startswith(f"kubeconfig {path}: {message}")
     if "not supported" in message:
@@ -247,7 +246,7 @@ def test_unusable_material_is_named(
 ) -> None:
     path = kubeconfig(tmp_path / "config", "https://127.0.0.1:6443", user, cluster)
     with pytest.raises(ValueError, match=f"^kubeconfig {path}: ") as caught:
-        ApiServer.from_kubeconfig(path)
+        read_kubeconfig(path)
     assert message in str(caught.value)
 
 
@@ -255,4 +254,4 @@ def test_the_kubeconfig_is_read_strictly(tmp_path: Path) -> None:
     path = tmp_path / "config"
     path.write_text("current-context: a\ncurrent-context: b\n")
     with pytest.raises(ValueError, match=r"duplicate key 'current-context' \(first on line 1\)"):
-        ApiServer.from_kubeconfig(path)
+        read_kubeconfig(path)

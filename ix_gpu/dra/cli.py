@@ -353,10 +353,11 @@ def _load_config(path: Path | None, default_location: bool) -> RuntimeConfig:
 
 def _connect(kubeconfig: str | None) -> ApiServer:
     from ix_gpu.runtime.kube import ApiServer
+    from ix_gpu.runtime.kubeconfig import read_kubeconfig
 
     if kubeconfig is not None:
         try:
-            return ApiServer.from_kubeconfig(kubeconfig)
+            return read_kubeconfig(kubeconfig)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     api = ApiServer.in_cluster()

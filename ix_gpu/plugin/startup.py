@@ -216,10 +216,11 @@ def connect(kubeconfig: str | None) -> ApiServer | None:
     """``kubeconfig``'s apiserver, else the in-cluster one, else None. Imported only when needed:
     urllib.request and ssl cost the plugin memory."""
     from ix_gpu.runtime.kube import ApiServer
+    from ix_gpu.runtime.kubeconfig import read_kubeconfig
 
     if kubeconfig is not None:
         try:
-            return ApiServer.from_kubeconfig(kubeconfig)
+            return read_kubeconfig(kubeconfig)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     return ApiServer.in_cluster()

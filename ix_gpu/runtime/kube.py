@@ -119,15 +119,6 @@ class ApiServer:
             return None
         return cls(url, TOKEN_FILE, str(CA_FILE))
 
-    @classmethod
-    def from_kubeconfig(cls, path: str | Path) -> ApiServer:
-        """The current context of a kubeconfig whose user has a token, a tokenFile or a client
-        certificate. Raises ``ValueError`` naming the user and the form for what this client does
-        not do (exec plugins, auth providers, basic auth): :mod:`.kubeconfig` says why."""
-        from ix_gpu.runtime.kubeconfig import read_kubeconfig
-
-        return read_kubeconfig(path)
-
     def ssl_context(self) -> ssl.SSLContext:
         """A fresh context per connection: CA and certificate files are read again, so rotated ones
         are used without a restart (the agents open a connection per write, per list page and per

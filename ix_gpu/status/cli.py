@@ -7,18 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.runtime.usage import UsageError, interval_seconds, set_env_name
+from ix_gpu.status import DEFAULT_DRIVER, DEFAULT_NAMESPACE, DEFAULT_RESOURCE, DEFAULT_SELECTOR
 
 if TYPE_CHECKING:
     from ix_gpu.status.read import Deadline
 
-DEFAULT_RESOURCE = "iluvatar.com/gpu"
-DEFAULT_DRIVER = "gpu.iluvatar.com"
-DEFAULT_NAMESPACE = "ix-gpu-system"
-"""Where the README's ``helm install`` puts the chart."""
-DEFAULT_SELECTOR = "app.kubernetes.io/name=ix-gpu,app.kubernetes.io/component=device-plugin"
-"""The labels the chart puts on its device-plugin pods (``ix-gpu.plugin.selectorLabels``), less the
-release's name: the README's release and the tests' are named differently, and what makes a pod
-the plugin is its namespace, which only the operator controls."""
+
 DEFAULT_TIMEOUT = 60.0
 
 

@@ -31,7 +31,7 @@ from urllib.parse import quote
 from ix_gpu.config.text import one_line
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.runtime.list_watch import ApiGone, ApiListWatch
-from ix_gpu.status.cli import DEFAULT_NAMESPACE, DEFAULT_SELECTOR
+from ix_gpu.status import DEFAULT_NAMESPACE, DEFAULT_SELECTOR
 from ix_gpu.status.view import NODE_LABELS, NodeChips, chips_from_metrics
 
 T = TypeVar("T")

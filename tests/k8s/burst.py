@@ -51,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from ix_gpu.runtime.list_watch import WatchStream
 from tests.k8s import kwok
 from tests.k8s.burst_fresh import PREFIX as FRESH
@@ -381,7 +382,7 @@ def run(
         wait_service_accounts(api, namespaces + 5, timeout=300 + namespaces / 100)
         result["namespaces_s"] = round(time.monotonic() - t, 1)
         targets = [(names[i % namespaces], f"gpu-{i:06d}", i % AFFINITY_EVERY == 1) for i in range(pods)]
-        watch = PodWatch(ApiServer.from_kubeconfig(cluster.kubeconfig)).start()
+        watch = PodWatch(read_kubeconfig(cluster.kubeconfig)).start()
         burst = Burst(api)
         marks = [threading.Event() for _ in points]
         fresh: FreshNamespaces | None = None

@@ -13,7 +13,7 @@ from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
 from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.node.backends.base import Chip
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from tests.chart.rendering import render
 from tests.k8s.k8s_tier import KubeAPI
 from tests.k8s.pods import request_ok
@@ -70,7 +70,7 @@ def publish_pool(
     """Publish ``node``'s pool in that layout as the driver does; its devices by name."""
     devices = dra_devices(node_chips, splitboard=splitboard, partitionable=partitionable, shares=shares)
     entries = slice_devices(devices, ILUVATAR, DRIVER)
-    publisher = SlicePublisher(ApiServer.from_kubeconfig(api.kubeconfig), driver=DRIVER, node=node)
+    publisher = SlicePublisher(read_kubeconfig(api.kubeconfig), driver=DRIVER, node=node)
     publisher.publish(entries, counter_sets(devices))
     assert not publisher.counters_dropped and not publisher.shares_dropped, "the apiserver dropped fields"
     return {e["name"]: e for e in entries}

@@ -34,7 +34,7 @@ from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.node.devices.device_list import build_device_list
 from ix_gpu.node.node_labels import node_labels
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from tests.k8s.k8s_tier import KubeAPI, build_go_command
 from tests.support.processes import Process, start_process
 
@@ -245,7 +245,7 @@ def create_nodes(
 ) -> list[str]:
     """``count`` simulated GPU nodes ``kwok-gpu-<i>`` of ``boards`` boards each; every
     ``dra_every``-th (0: none) is a DRA node with its ResourceSlice. Returns their names."""
-    server = ApiServer.from_kubeconfig(api.kubeconfig)
+    server = read_kubeconfig(api.kubeconfig)
     names = [f"kwok-gpu-{i:05d}" for i in range(count)]
 
     def one(index: int) -> None:

@@ -9,26 +9,14 @@ a symlink swap that neither reliably reports.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.vendors import VENDORS, Vendor
 from ix_gpu.node.backends.base import BackendError, Chip
+from ix_gpu.node.backends.fake_scan import FakeScan
 from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
 from ix_gpu.runtime.reload import LastGoodFiles
-
-
-@dataclass(frozen=True)
-class FakeScan:
-    """A validated devices file (schema: :mod:`.fake_devices`), as plain data."""
-
-    vendor: str
-    control_nodes: tuple[str, ...]
-    library_error: str | None
-    chips: tuple[Chip, ...]
-    telemetry: tuple[tuple[str, tuple[tuple[str, float], ...], float], ...] = ()
-    """Per chip: (uuid, its figures, seconds a read of it blocks), as the file gives them."""
 
 
 def scan_isolated(content: bytes | str, source: str) -> FakeScan:

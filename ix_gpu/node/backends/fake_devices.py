@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from ix_gpu.config.schema_base import StrictModel, parse_yaml
 from ix_gpu.node.backends.base import Chip, decode_ixml_health
-from ix_gpu.node.backends.fake import FakeScan
+from ix_gpu.node.backends.fake_scan import FakeScan
 
 MIB = 1024 * 1024
 

@@ -32,6 +32,7 @@ import orjson
 from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
 from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from ix_gpu.runtime.list_watch import (
     PAGE_SIZE,
     PARTIAL_METADATA,
@@ -178,7 +179,7 @@ def api_server(kubeconfig: str | None) -> ApiServer:
     """The API server from a kubeconfig file, or in-cluster when ``kubeconfig`` is None. Raises
     ``ValueError`` naming what is missing or what the kubeconfig has that this client cannot use."""
     if kubeconfig is not None:
-        return ApiServer.from_kubeconfig(kubeconfig)
+        return read_kubeconfig(kubeconfig)
     found = ApiServer.in_cluster()
     if found is None:
         raise ValueError(
