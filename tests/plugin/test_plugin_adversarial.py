@@ -1,4 +1,4 @@
-"""Hostile and malformed kubelet requests (issue 12, item 10): bounded messages, bounded work, and
+"""Hostile and malformed kubelet requests: bounded messages, bounded work, and
 GetPreferredAllocation answers that obey the protocol whatever the request holds.
 
 Two layers: the pure rules in :mod:`ix_gpu.plugin.devices.allocation`, and the real

@@ -34,7 +34,7 @@ def test_stays_on_the_numa_node_of_must_include() -> None:
 
 def test_exhausted_pool_returns_what_exists_and_never_raises() -> None:
     devices = build_device_list(chips(1), splitboard=True, replicas=2)
-    # C0::1 is in mustInclude but not available: only available IDs may come back (issue 12).
+    # C0::1 is in mustInclude but not available: only available IDs may come back.
     got = preferred_allocation(devices, ["C0::0", "unknown"], ["C0::1"], 4, ReplicaPolicy.SPREAD)
     assert got == ["C0::0"]
     assert preferred_allocation(devices, [], [], 2, ReplicaPolicy.PACK) == []

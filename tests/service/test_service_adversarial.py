@@ -1,4 +1,4 @@
-"""Acceptance for issue 12: no Pod spec, however hostile, stalls or exhausts the webhook.
+"""No Pod spec, however hostile, stalls or exhausts the webhook.
 
 At least 20,000 AdmissionReviews from :mod:`tests.support.adversarial` — hostile GPU quantities,
 megabyte annotations, 1,000-deep nesting, random fields in full pods and TFJobs, Windows pods,

@@ -1,4 +1,4 @@
-"""Each service limit of issue 12, over real HTTPS against the real ``ix-gpu webhook``.
+"""Each of the service's limits, over real HTTPS against the real ``ix-gpu webhook``.
 
 One limit per test, each with a small setting so the test is quick: the connection cap; the header
 timeout (an idle connection, slow headers, slow headers of a second keep-alive request); the header

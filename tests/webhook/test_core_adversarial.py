@@ -1,6 +1,6 @@
 """The pure core against hostile and careless input: bounded work, clear denials, no crashes.
 
-Each case here was found by an adversarial run against the service (issue 12); the core is where
+Each case here was found by an adversarial run against the service; the core is where
 the work is bounded, so the core is where each bound is pinned. Timings are asserted only as
 generous ceilings (orders of magnitude below what the unbounded code took), never as benchmarks.
 """
