@@ -1,5 +1,5 @@
 """DRA plugin benchmark: ResourceSlice publish after start, NodePrepareResources latency and RSS of
-the real ``ix-gpu dra`` process, against issue 21's targets.
+the real ``ix-gpu dra`` process, against the targets in docs/benchmarks.md.
 
     .venv/bin/python bench/dra_bench.py [--claims 200] [--rounds 3] [--boards 8]
         [--layout partitionable|plain|shared|part-shared] [--fake-api] [--json]

@@ -1,7 +1,7 @@
 """A deterministic corpus of hostile and broken AdmissionReviews, for the webhook's acceptance suite.
 
-Issue 12 ("one Pod spec must never stall or exhaust the webhook") lists what apiserver clients can
-put in an object; every item is a category here, mixed with valid reviews and plain garbage:
+One Pod spec must never stall or exhaust the webhook. Each kind of thing an apiserver client can
+put in an object is a category here, mixed with valid reviews and plain garbage:
 
 - GPU quantities: ``"1e100000000"``, ``"1e10000000"``, a 5,001-digit count (as a string and as a
   JSON number), huge ints, floats, and every other shape a limit or request can take;
