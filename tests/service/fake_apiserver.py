@@ -44,7 +44,9 @@ class FakeApiServer:
     events: list[_Event] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=lambda: {"list": 0, "watch": 0, "get": 0})
     fail_next: int = 0
-    """Answer this many coming requests with HTTP 500."""
+    """Answer this many coming requests with HTTP ``fail_status``."""
+    fail_status: int = 500
+    """500 (InternalError, worth another try), or 403 (Forbidden: the same answer again)."""
     hold_events: bool = False
     """Record changes without telling watchers (as if the watch lagged behind)."""
     get_delay: float = 0.0
@@ -301,7 +303,8 @@ def _make_handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             url = urlparse(self.path)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             if api._take_failure():
-                _send_status(self, 500, "InternalError", "injected failure")
+                reason = "Forbidden" if api.fail_status == 403 else "InternalError"
+                _send_status(self, api.fail_status, reason, "injected failure")
                 return
             if url.path in CLAIM_PATHS.values() and not api.serves_dra:
                 _send_status(self, 404, "NotFound", "the server could not find the requested resource")

@@ -242,6 +242,35 @@ def test_a_lookup_whose_budget_runs_out_fails_naming_its_tries(
         cache.stop()
 
 
+def test_a_forbidden_lookup_is_not_tried_again(
+    api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics
+) -> None:
+    """A 403 (the webhook's RBAC lost its get on namespaces) would answer the same to every try:
+    one GET, no retry, and the review is answered at once, not at the end of its budget."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    cache = NamespaceCache(
+        NamespaceListWatch(api_server(str(kubeconfig))),
+        metrics=metrics,
+        lookup_timeout=1.0,
+        lookup_budget=3.0,
+    )
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        api.fail_status, api.fail_next = 403, 1000
+        started = time.monotonic()
+        with pytest.raises(NamespaceLookupFailed, match="403"):
+            _facts(cache, "not-allowed")
+        assert time.monotonic() - started < 1.0  # well inside the 3 s budget
+        # One request answered 403: the GET (a watch renewing meanwhile could take a second).
+        assert 1 <= 1000 - api.fail_next <= 2
+        assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="retried") == 0
+        assert _sample(metrics, "ix_gpu_namespace_lookups_total", result="failed") == 1
+    finally:
+        api.fail_next, api.fail_status = 0, 500
+        cache.stop()
+
+
 def test_a_lookup_whose_budget_was_spent_in_the_queue_fails_without_a_get(
     cache: NamespaceCache, api: FakeApiServer, metrics: ServiceMetrics
 ) -> None:
