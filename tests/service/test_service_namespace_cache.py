@@ -189,22 +189,32 @@ def test_a_silent_watch_turns_the_cache_stale_and_not_ready_until_it_hears_again
         cache.stop()
 
 
+def _started_with_budget(
+    api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics, budget: float
+) -> NamespaceCache:
+    """A synced cache whose lookups try for ``budget`` seconds, each try at most 1 s."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    cache = NamespaceCache(
+        NamespaceListWatch(api_server(str(kubeconfig))),
+        metrics=metrics,
+        lookup_timeout=1.0,
+        lookup_budget=budget,
+    )
+    cache.start()
+    if not cache.wait_synced(10):
+        cache.stop()
+        raise AssertionError("the namespace cache did not sync within 10 s")
+    return cache
+
+
 def test_a_namespace_created_during_an_outage_is_read_by_a_later_try_within_the_budget(
     api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics
 ) -> None:
     """A namespace the watch has not brought yet (created as the API server restarts): its GET
     fails twice, and the third try, 0.3 s later, reads it; before, one failed try of 2 s had the
     pod admitted untouched."""
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    cache = NamespaceCache(
-        NamespaceListWatch(api_server(str(kubeconfig))),
-        metrics=metrics,
-        lookup_timeout=1.0,
-        lookup_budget=3.0,
-    )
-    cache.start()
+    cache = _started_with_budget(api, tmp_path, metrics, 3.0)
     try:
-        assert cache.wait_synced(10)
         api.hold_events = True  # the watch has not brought it
         api.put("created-now", annotations={"ix-gpu.io/inject": "disabled"})
         api.fail_next = 2
@@ -221,16 +231,8 @@ def test_a_namespace_created_during_an_outage_is_read_by_a_later_try_within_the_
 def test_a_lookup_whose_budget_runs_out_fails_naming_its_tries(
     api: FakeApiServer, tmp_path: Path, metrics: ServiceMetrics
 ) -> None:
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    cache = NamespaceCache(
-        NamespaceListWatch(api_server(str(kubeconfig))),
-        metrics=metrics,
-        lookup_timeout=1.0,
-        lookup_budget=0.5,
-    )
-    cache.start()
+    cache = _started_with_budget(api, tmp_path, metrics, 0.5)
     try:
-        assert cache.wait_synced(10)
         api.fail_next = 1000
         started = time.monotonic()
         with pytest.raises(NamespaceLookupFailed, match=r"could not be read \(\d+ tries in 0.5 s\)"):
@@ -247,16 +249,8 @@ def test_a_forbidden_lookup_is_not_tried_again(
 ) -> None:
     """A 403 (the webhook's RBAC lost its get on namespaces) would answer the same to every try:
     one GET, no retry, and the review is answered at once, not at the end of its budget."""
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    cache = NamespaceCache(
-        NamespaceListWatch(api_server(str(kubeconfig))),
-        metrics=metrics,
-        lookup_timeout=1.0,
-        lookup_budget=3.0,
-    )
-    cache.start()
+    cache = _started_with_budget(api, tmp_path, metrics, 3.0)
     try:
-        assert cache.wait_synced(10)
         api.fail_status, api.fail_next = 403, 1000
         started = time.monotonic()
         with pytest.raises(NamespaceLookupFailed, match="403"):
