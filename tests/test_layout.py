@@ -106,6 +106,12 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "backends know chips, not the device list or the cluster",
     ),
     (
+        "ix_gpu.node.backends",
+        ("ix_gpu.runtime",),
+        "a discovery backend knows devices, not processes: child interpreters and file watching are "
+        "the node layer's (ix_gpu.node.fake_devices_file)",
+    ),
+    (
         "ix_gpu.node.devices",
         (
             "ix_gpu.runtime.kube",

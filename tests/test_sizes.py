@@ -15,7 +15,6 @@ MODULE_LINES = 450
 FUNCTION_LINES = 80
 
 OVER_TODAY = {
-    "plugin/server/app.py": 519,
     "webhook/service/http_protocol.py:guarded_protocol": 248,
 }
 """What is over its bound today, and by how much: only ever shorter."""

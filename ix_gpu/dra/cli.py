@@ -1,14 +1,11 @@
 """``ix-gpu dra``: run the DRA kubelet plugin.
 
 Registration imports nothing heavy (the handler imports grpclib, the backend and the config
-loader), so ``ix-gpu mutate`` never pays for them. Flags follow the device plugin's where they mean
-the same (``--config``, ``--default-config``, ``--backend``, ``--fake-devices``, ``--root``,
-``--kubeconfig``); the node name comes from ``NODE_NAME``, which a DaemonSet sets from the
-downward API.
-
-Start-up runs side by side, as the device plugin's does: the backend starts and the config is
-validated in worker threads, both through one child interpreter (:func:`ix_gpu.runtime.isolated.
-shared_child`, so pydantic is imported once), while this thread imports the serving side.
+loader), so ``ix-gpu mutate`` never pays for them. The flags the device plugin takes too
+(``--config``, ``--default-config``, ``--backend``, ``--fake-devices``, ``--root``,
+``--kubeconfig``) and the start-up both agents share (config, sharing plan, backend, API server)
+are :mod:`ix_gpu.node.agent`'s; this module adds DRA's own. The node name comes from
+``NODE_NAME``, which a DaemonSet sets from the downward API.
 
 ``--config DIR`` is the device plugin's directory of named configs: the node label
 ``ix-gpu.io/device-plugin.config`` picks one at start (:mod:`ix_gpu.node.node_config`).
@@ -23,7 +20,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ix_gpu.node.agent_flags import DEFAULT_CONFIG, add_device_flags
+from ix_gpu.node.agent import AgentKind, add_device_flags, add_kubeconfig_flag, check_device_args, start_node
 from ix_gpu.runtime.usage import (
     UsageError,
     add_log_level,
@@ -34,9 +31,7 @@ from ix_gpu.runtime.usage import (
 )
 
 if TYPE_CHECKING:
-    from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
-    from ix_gpu.node.backends.base import Backend
-    from ix_gpu.runtime.kube import ApiServer
+    from ix_gpu.node.devices.sharing import SharingPlan
 
 DEFAULT_DRIVER = "gpu.iluvatar.com"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
@@ -178,12 +173,7 @@ def _add_serving(dra: argparse.ArgumentParser) -> None:
         help="address /healthz and /metrics listen on (default ::, every address of both IP families, "
         "or 0.0.0.0 where the kernel has no IPv6; an address such as 0.0.0.0 binds its family only)",
     )
-    dra.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="outside a Pod: a kubeconfig whose user has a token, a tokenFile or a client certificate "
-        "(default: in-cluster)",
-    )
+    add_kubeconfig_flag(dra, "outside a Pod")
 
 
 def _problem(kind: str, value: str, problems: list[str]) -> None:
@@ -191,9 +181,9 @@ def _problem(kind: str, value: str, problems: list[str]) -> None:
         raise UsageError(f"{kind} {value!r}: {'; '.join(problems)}")
 
 
-def _checked_args(args: argparse.Namespace) -> Path | None:
-    """Usage errors (exit 2 with one line) before anything starts; the config directory, when
-    --config names one."""
+def _checked_args(args: argparse.Namespace) -> None:
+    """DRA's own usage errors (exit 2 with one line) before anything starts; the device flags'
+    are :func:`ix_gpu.node.agent.check_device_args`'."""
     from ix_gpu.config.k8s_names import absolute_path, dns1123_subdomain
 
     _problem("--driver-name", args.driver_name, dns1123_subdomain(args.driver_name))
@@ -203,59 +193,31 @@ def _checked_args(args: argparse.Namespace) -> Path | None:
     # The spec's hostPaths are read by the container runtime, relative to nothing we know.
     if args.driver_root is not None:
         _problem("--driver-root", args.driver_root, absolute_path(args.driver_root))
-    if args.backend == "fake" and not args.fake_devices:
-        raise UsageError("--backend fake needs --fake-devices FILE")
-    if args.fake_devices and args.backend != "fake":
-        raise UsageError("--fake-devices only applies to --backend fake")
-    if args.fake_devices and not Path(args.fake_devices).is_file():
-        raise UsageError(f"--fake-devices {args.fake_devices}: no such file")
-    config_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
-    if args.default_config and config_dir is None:
-        raise UsageError("--default-config needs --config DIR (a directory of named configs)")
-    return config_dir
+    check_device_args(args)
 
 
 def run_dra(args: argparse.Namespace) -> int:
     import asyncio
     import logging
-    from concurrent.futures import ThreadPoolExecutor
 
     from ix_gpu.runtime import json_logging
-    from ix_gpu.runtime.isolated import shared_child
 
     json_logging.configure(args.log_level)
-    config_dir = _checked_args(args)
-    api = _connect(args.kubeconfig)
-
-    from ix_gpu.node.backends.base import BackendError
-
-    with shared_child(), ThreadPoolExecutor(2, thread_name_prefix="dra-start") as pool:
-        starting = pool.submit(_start_backend, args)
-        node_reader, label, config_path = None, None, Path(args.config) if args.config else None
-        if config_dir is not None:
-            from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader
-
-            node_reader = NodeLabelReader(api, args.node_name).start_and_wait(FIRST_ANSWER_WAIT)
-            label = node_reader.value()  # None when unlabelled, or unreadable for now: the default
-            config_path = _chosen_config(config_dir, label, args.default_config)
-        loading = pool.submit(_load_config, config_path, args.config is None)
-
-        from ix_gpu.dra.app import DraApp, DraSettings
-
-        config = loading.result()
-        try:
-            backend = starting.result()
-        except BackendError as exc:
-            logging.getLogger("ix_gpu.dra").error("cannot start: backend %s: %s", args.backend, exc)
-            return 1
-    replicas = _dra_replicas(config, backend.vendor.resource_name)
-    if config_path is not None:
+    _checked_args(args)
+    started = start_node(args, AgentKind("dra", args.node_name, api_required=True), _import_server)
+    if started is None:
+        return 1
+    config, backend, api = started.loaded.config, started.backend, started.api
+    assert api is not None  # api_required
+    replicas = _dra_replicas(started.sharing)
+    if started.loaded.path is not None:
         logging.getLogger("ix_gpu.dra").info(
             "config %s: splitboard=%s replicas=%d",
-            config_path,
+            started.loaded.path,
             "true" if config.splitboard else "false",
             replicas,
         )
+    from ix_gpu.dra.app import DraApp, DraSettings
 
     plugins_dir = Path(args.plugins_dir)
     settings = DraSettings(
@@ -272,9 +234,9 @@ def run_dra(args: argparse.Namespace) -> int:
         partitionable=args.partitionable != "off",
         partitionable_shares=args.partitionable == "with-shares",
         health_interval=args.health_interval,
-        config_dir=config_dir,
+        config_dir=started.config_dir,
         default_config=args.default_config,
-        config_label=label,
+        config_label=started.label,
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
     )
@@ -283,12 +245,17 @@ def run_dra(args: argparse.Namespace) -> int:
         raise UsageError(problems[0])
 
     async def main() -> int:
-        return await DraApp(settings, backend, api, node_reader=node_reader).run(handle_signals=True)
+        return await DraApp(settings, backend, api, node_reader=started.node_reader).run(handle_signals=True)
 
     return asyncio.run(main())
 
 
-def _dra_replicas(config: RuntimeConfig, vendor_resource: str) -> int:
+def _import_server() -> None:
+    """Imported while the child validates the config: the serving side's import time overlaps it."""
+    import ix_gpu.dra.app  # noqa: F401
+
+
+def _dra_replicas(plan: SharingPlan) -> int:
     """Memory shares per device, from the sharing plan the device plugin reads too
     (:func:`ix_gpu.node.devices.sharing.plan_sharing`): the Iluvatar form's
     ``sharing.timeSlicing.replicas``, or the NVIDIA form's entry for this vendor's resource, so
@@ -297,12 +264,7 @@ def _dra_replicas(config: RuntimeConfig, vendor_resource: str) -> int:
     rename means nothing to DRA (claims name DeviceClasses, not resources)."""
     import logging
 
-    from ix_gpu.node.devices.sharing import plan_sharing
-
     log = logging.getLogger("ix_gpu.dra")
-    plan = plan_sharing(config, vendor_resource)
-    for note in plan.notes:
-        log.info("config: %s", note)
     if plan.shared and plan.devices != "all":
         log.warning(
             "config: %s shares only some devices, which DRA cannot: every device is published unshared",
@@ -310,57 +272,3 @@ def _dra_replicas(config: RuntimeConfig, vendor_resource: str) -> int:
         )
         return 1
     return plan.replicas
-
-
-def _start_backend(args: argparse.Namespace) -> Backend:
-    from ix_gpu.node.backends import make_backend
-
-    return make_backend(
-        args.backend,
-        fake_devices=Path(args.fake_devices) if args.fake_devices else None,
-        root=Path(args.root),
-    )
-
-
-def _chosen_config(directory: Path, label: str | None, default: str | None) -> Path:
-    """The named config that ``label`` (the node's config label; None: none) or the default picks."""
-    from ix_gpu.node.node_config import choose, named_configs
-
-    try:
-        names = named_configs(directory)
-    except OSError as exc:
-        raise UsageError(f"--config {directory}: {exc.strerror or exc}") from None
-    choice = choose(names, label, default)
-    if choice.name is None:
-        raise UsageError(f"--config {directory}: {choice.reason}")
-    return names[choice.name]
-
-
-def _load_config(path: Path | None, default_location: bool) -> RuntimeConfig:
-    """The ix-config's runtime form (validated in a child; see the device plugin's config loader).
-    ``path`` None: :data:`DEFAULT_CONFIG` when it exists, else the built-in defaults."""
-    from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
-    from ix_gpu.node.config_loader import DEFAULTS_SOURCE, load_runtime_config
-
-    path = path or Path(DEFAULT_CONFIG)
-    try:
-        if default_location and not path.exists():
-            return load_runtime_config(None, DEFAULTS_SOURCE)
-        return load_runtime_config(read_capped(path, CONFIG_MAX_BYTES), str(path))
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _connect(kubeconfig: str | None) -> ApiServer:
-    from ix_gpu.runtime.kube import ApiServer
-    from ix_gpu.runtime.kubeconfig import read_kubeconfig
-
-    if kubeconfig is not None:
-        try:
-            return read_kubeconfig(kubeconfig)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    api = ApiServer.in_cluster()
-    if api is None:
-        raise UsageError("not in a cluster (no KUBERNETES_SERVICE_HOST or token); give --kubeconfig")
-    return api

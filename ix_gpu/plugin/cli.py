@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ix_gpu.node.agent_flags import add_device_flags
+from ix_gpu.node.agent import add_device_flags, add_kubeconfig_flag
 from ix_gpu.runtime.usage import (
     add_log_level,
     interval_seconds_or_off,
@@ -81,12 +81,7 @@ def _add_plugin(subparsers: argparse._SubParsersAction[Any]) -> None:
         "containers holding it (device plugin and DRA); '' disables (default "
         "/var/lib/kubelet/pod-resources/kubelet.sock)",
     )
-    plugin.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="for node labels and per-node configs outside a Pod: a user with a token, a tokenFile or a "
-        "client certificate (default: in-cluster)",
-    )
+    add_kubeconfig_flag(plugin, "for node labels and per-node configs outside a Pod")
     dra_driver = plugin.add_argument(
         "--dra-driver",
         metavar="NAME",
@@ -160,7 +155,7 @@ def _add_labels(subparsers: argparse._SubParsersAction[Any]) -> None:
             "The chart runs it after helm uninstall. Needs list and patch on nodes."
         ),
     )
-    prune.add_argument("--kubeconfig", metavar="FILE", help="token kubeconfig (default: in-cluster)")
+    add_kubeconfig_flag(prune, "outside a Pod")
     prune.add_argument("--dry-run", action="store_true", help="only print what would be removed")
     add_log_level(prune)
     prune.set_defaults(handler=run_labels_prune)

@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from ix_gpu.plugin.startup import BackendStartError, connect, load_config, start_backend
+from ix_gpu.node.agent import (
+    NOT_IN_CLUSTER,
+    check_device_args,
+    chosen_config,
+    connect,
+    load_config,
+    start_backend,
+)
 from ix_gpu.runtime.usage import UsageError
 
 if TYPE_CHECKING:
@@ -32,11 +39,19 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
     from ix_gpu.node.devices.device_list import build_device_list
     from ix_gpu.node.devices.sharing import plan_sharing
 
-    config = load_config(args).config
+    config_dir = check_device_args(args)
+    path = Path(args.config) if args.config else None
+    if config_dir is not None:  # no node to read a label from: the default config
+        path = chosen_config(config_dir, None, args.default_config)
+    config = load_config(path).config
     try:
         backend = start_backend(args)
+    except BackendError as exc:
+        print(f"ix-gpu {command}: backend {args.backend}: {exc}", file=sys.stderr)
+        return None
+    try:
         chips = backend.chips()
-    except (BackendStartError, BackendError) as exc:
+    except BackendError as exc:
         print(f"ix-gpu {command}: {exc}", file=sys.stderr)
         return None
     plan = plan_sharing(config, backend.vendor.resource_name)
@@ -61,7 +76,7 @@ def run_labels_prune(args: argparse.Namespace) -> int:
 
     api = connect(args.kubeconfig)
     if api is None:
-        raise UsageError("not in a cluster (no KUBERNETES_SERVICE_HOST or token); give --kubeconfig")
+        raise UsageError(NOT_IN_CLUSTER)
     try:
         removed = prune_node_labels(api, dry_run=args.dry_run)
     except OSError as exc:

@@ -14,7 +14,7 @@ from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import dra_v1_pb2_grpc as dra_grpc
 from ix_gpu.dra.app import DraApp, DraSettings
 from ix_gpu.dra.devices import UnhealthyMode
-from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.runtime.kube import ApiServer
 from tests.support.waiting import wait_until_async
 
@@ -50,7 +50,7 @@ def settings(
 
 @contextlib.asynccontextmanager
 async def running(config: DraSettings, devices_file: Path, api: ApiServer) -> AsyncIterator[DraApp]:
-    app = DraApp(config, FakeBackend(devices_file), api)
+    app = DraApp(config, fake_backend(devices_file), api)
     task = asyncio.create_task(app.run())
     try:
         await wait_until_async(

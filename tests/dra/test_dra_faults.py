@@ -15,7 +15,7 @@ import pytest
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.dra.app import DraApp
 from ix_gpu.dra.slices import RESOURCE_SLICES
-from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, running, settings
@@ -132,7 +132,7 @@ def test_refused_writes_back_off_to_one_a_minute(
     fake, api = resource_api
     label_dra(fake)
     fake.denied.add(SLICE_PATH)
-    app = DraApp(settings(short_tmp), FakeBackend(fake_devices), api)
+    app = DraApp(settings(short_tmp), fake_backend(fake_devices), api)
     now = [0.0]
     app.publish_retry = Backoff(first=1.0, cap=60.0, clock=lambda: now[0])
     app.refresh()

@@ -145,7 +145,7 @@ def test_a_metrics_port_in_use_stops_the_plugin_with_one_line_and_no_socket(
 ) -> None:
     import socket
 
-    from ix_gpu.node.backends.fake import FakeBackend
+    from ix_gpu.node.fake_devices_file import fake_backend
 
     _, api = resource_api
     with socket.socket() as taken:
@@ -153,7 +153,7 @@ def test_a_metrics_port_in_use_stops_the_plugin_with_one_line_and_no_socket(
         taken.listen()
         port = taken.getsockname()[1]
         config = dataclasses.replace(settings(short_tmp), metrics_port=port, metrics_host="127.0.0.1")
-        code = asyncio.run(DraApp(config, FakeBackend(fake_devices), api).run())
+        code = asyncio.run(DraApp(config, fake_backend(fake_devices), api).run())
     assert code == 1
     assert f"cannot serve /healthz and /metrics on 127.0.0.1:{port}" in caplog.text
     assert not config.registration_socket.exists() and not config.dra_socket.exists()

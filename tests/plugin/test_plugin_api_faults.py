@@ -14,9 +14,10 @@ import pytest
 
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.devicemodel import labels
-from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.node.node_labels import NodeLabeler
-from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.app import PluginApp
+from ix_gpu.plugin.server.settings import PluginSettings
 from ix_gpu.runtime.backoff import Backoff
 from ix_gpu.runtime.kube import ApiServer
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving
@@ -131,7 +132,7 @@ def test_refused_label_writes_back_off_to_one_a_minute(
     app = PluginApp(
         PluginSettings(short_tmp / "dp", config, node_name=NODE, api_server=api),
         load_plugin_config(config).runtime(),
-        FakeBackend(fake_devices),
+        fake_backend(fake_devices),
     )
     now = [0.0]
     app.labeler.retry = Backoff(first=1.0, cap=60.0, clock=lambda: now[0])

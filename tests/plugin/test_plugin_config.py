@@ -108,7 +108,7 @@ def test_the_plugin_validates_its_config_once_at_start(
     start budget), then again. Now once, and cluster access is asked for after it, only when the
     config enables labels (here: not in a cluster, so none)."""
     from ix_gpu.cli import build_parser
-    from ix_gpu.node import config_loader
+    from ix_gpu.node import agent, config_loader
     from ix_gpu.plugin import startup
     from ix_gpu.runtime import json_logging
     from ix_gpu.runtime.usage import UsageError
@@ -124,8 +124,8 @@ def test_the_plugin_validates_its_config_once_at_start(
         lambda content, source: loads.append(source) or real_load(content, source),
     )
     connects: list[str | None] = []
-    real_connect = startup.connect
-    monkeypatch.setattr(startup, "connect", lambda path: connects.append(path) or real_connect(path))
+    real_connect = agent.connect
+    monkeypatch.setattr(agent, "connect", lambda path: connects.append(path) or real_connect(path))
     config = tmp_path / "ix-config"
     config.write_text(f"labels:\n  enabled: {str(labels_enabled).lower()}\n")
     args = build_parser().parse_args(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.node.backends.base import BackendError, Chip, decode_ixml_health
-from ix_gpu.node.backends.fake import FakeBackend
 from ix_gpu.node.devices.device_list import build_device_list
+from ix_gpu.node.fake_devices_file import fake_backend
 from tests.support.paths import FAKE_DEVICES
 
 
@@ -47,7 +47,7 @@ def test_board_id_follows_position_not_enumeration_order() -> None:
     [(False, 1, 2), (True, 1, 4), (False, 4, 8), (True, 4, 16)],
 )
 def test_example_file_gives_the_seed_numbers(splitboard: bool, replicas: int, count: int) -> None:
-    chips = FakeBackend(FAKE_DEVICES).chips()
+    chips = fake_backend(FAKE_DEVICES).chips()
     assert len(chips) == 4
     devices = build_device_list(chips, splitboard=splitboard, replicas=replicas)
     assert len(devices.devices) == count
@@ -78,7 +78,7 @@ def test_health_bitmask_is_decoded() -> None:
 
 
 def test_fake_backend_rereads_changed_content(fake_devices: Path) -> None:
-    backend = FakeBackend(fake_devices)
+    backend = fake_backend(fake_devices)
     assert all(c.healthy for c in backend.chips())
     assert backend.control_nodes() == ("/dev/itrctl",)
     text = fake_devices.read_text()
@@ -100,4 +100,4 @@ def test_fake_backend_rejects_unknown_keys(short_tmp: Path) -> None:
     path = short_tmp / "d.yaml"
     path.write_text("boards:\n  - chips:\n      - uuid: GPU-a\n        helth: 4\n")
     with pytest.raises(BackendError, match=r"boards\[0\]\.chips\[0\]\.helth: unknown key"):
-        FakeBackend(path)
+        fake_backend(path)

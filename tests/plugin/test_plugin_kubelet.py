@@ -20,11 +20,12 @@ import pytest
 from h2.connection import H2Connection
 
 from ix_gpu.config.plugin_config import load_plugin_config
-from ix_gpu.node.backends.fake import FakeBackend
+from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
-from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.app import PluginApp
 from ix_gpu.plugin.server.registration import CLOSED_STREAMS_KEPT
+from ix_gpu.plugin.server.settings import PluginSettings
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 
@@ -51,7 +52,7 @@ async def plugin_and_kubelet(
     app = PluginApp(
         PluginSettings(device_plugin_dir=directory, config_path=config_path, allocation=allocation),
         load_plugin_config(config_path).runtime(),
-        FakeBackend(devices_file),
+        fake_backend(devices_file),
     )
     task = asyncio.create_task(app.run())
     try:
@@ -327,7 +328,7 @@ def test_plugin_started_before_kubelet_registers_when_it_appears(short_tmp: Path
         app = PluginApp(
             PluginSettings(device_plugin_dir=directory, config_path=config_path),
             load_plugin_config(config_path).runtime(),
-            FakeBackend(fake_devices),
+            fake_backend(fake_devices),
         )
         task = asyncio.create_task(app.run())
         await asyncio.sleep(0.3)

@@ -18,10 +18,11 @@ from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.config.webhook_config import default_config
 from ix_gpu.devicemodel import labels
 from ix_gpu.node.backends.base import Chip
-from ix_gpu.node.backends.fake import FakeBackend
 from ix_gpu.node.devices.device_list import build_device_list
+from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.node.node_labels import node_labels, prune_node_labels
-from ix_gpu.plugin.server.app import PluginApp, PluginSettings
+from ix_gpu.plugin.server.app import PluginApp
+from ix_gpu.plugin.server.settings import PluginSettings
 from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import NamespaceFacts
@@ -84,7 +85,7 @@ def test_labels_published_once_per_change(
     app = PluginApp(
         PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
         load_plugin_config(config).runtime(),
-        FakeBackend(fake_devices),
+        fake_backend(fake_devices),
     )
 
     async def scenario() -> None:
@@ -120,7 +121,7 @@ def test_a_node_whose_devices_all_disappear_loses_its_labels(
     app = PluginApp(
         PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
         load_plugin_config(config).runtime(),
-        FakeBackend(fake_devices),
+        fake_backend(fake_devices),
     )
 
     async def scenario() -> None:
@@ -145,7 +146,7 @@ def test_a_plugin_starting_without_devices_removes_labels_left_from_before(
     app = PluginApp(
         PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
         load_plugin_config(config).runtime(),
-        FakeBackend(empty),
+        fake_backend(empty),
     )
     asyncio.run(app.check_once())
     assert [body for _, _, _, body in patches] == [{"metadata": {"labels": dict.fromkeys(labels.PUBLISHED)}}]
@@ -159,7 +160,7 @@ def test_labels_not_published_when_disabled(
     app = PluginApp(
         PluginSettings(short_tmp, config, node_name="n", api_server=api),
         load_plugin_config(config).runtime(),
-        FakeBackend(fake_devices),
+        fake_backend(fake_devices),
     )
     asyncio.run(app.check_once())
     assert patches == []

@@ -1,10 +1,11 @@
 """Discovery backends behind one interface (:mod:`.base`), and choosing one.
 
 ``ixml`` (libixml via ctypes), ``nvml`` (pynvml), ``devfs`` (device nodes and sysfs only) and
-``fake`` (a YAML file). ``auto`` tries ixml, then nvml, then devfs. Each backend module is imported
-only when chosen, so a node without NVML never imports pynvml. Backends may import
-:mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config` and :mod:`ix_gpu.runtime`, never the server or the
-device list.
+``fake`` (a YAML file, watched by the node layer, :func:`ix_gpu.node.fake_devices_file.fake_backend`,
+because a backend imports no process plumbing). ``auto`` tries ixml, then nvml, then devfs. Each
+backend module is imported only when chosen, so a node without NVML never imports pynvml. Backends may import
+:mod:`ix_gpu.devicemodel` and :mod:`ix_gpu.config`, never the server, the device list or the
+process plumbing (child interpreters, file watching).
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "ixml", "nvml", "devfs", "fake")
 
 
-def make_backend(kind: str, *, fake_devices: Path | None = None, root: Path = Path("/")) -> Backend:
-    """Build the backend; :class:`BackendError` says why it cannot start (library missing...)."""
+def make_backend(kind: str, *, root: Path = Path("/")) -> Backend:
+    """Build a hardware backend; :class:`BackendError` says why it cannot start (library missing...).
+    ``fake`` is made from its devices file by the node layer instead."""
     if kind == "fake":
-        if fake_devices is None:
-            raise ValueError("--backend fake needs --fake-devices FILE")
-        from ix_gpu.node.backends.fake import FakeBackend
-
-        return FakeBackend(fake_devices)
+        raise ValueError("the fake backend is made from its devices file (ix_gpu.node.fake_devices_file)")
     if kind == "ixml":
         from ix_gpu.node.backends.ixml import IxmlBackend
 

@@ -4,33 +4,34 @@ It exists for tests, demos and the real-kubelet harness: flipping ``health`` in 
 test makes a chip fail, and ``libraryError`` is how it makes the "library" fail mid-run. The file is
 compared by content digest rather than mtime or inotify, because a ConfigMap-mounted file changes by
 a symlink swap that neither reliably reports.
+
+The backend knows devices, not processes: how the file is watched and where it is validated (a
+short-lived child, because the schema is pydantic) is the node layer's business
+(:func:`ix_gpu.node.fake_devices_file.fake_backend`), handed in as a :class:`DevicesFile`.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Protocol
 
-from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.vendors import VENDORS, Vendor
 from ix_gpu.node.backends.base import BackendError, Chip
 from ix_gpu.node.backends.fake_scan import FakeScan
-from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
-from ix_gpu.runtime.reload import LastGoodFiles
 
 
-def scan_isolated(content: bytes | str, source: str) -> FakeScan:
-    """Validate in a short-lived child (:mod:`ix_gpu.runtime.isolated`): the schema is pydantic."""
-    try:
-        return call_isolated(_scan, content, source, inline_if_loaded="pydantic")
-    except IsolatedCallError as exc:
-        raise ConfigError(f"{source}: cannot validate: {exc}") from None
+class DevicesFile(Protocol):
+    """The devices file as the backend reads it: the newest good scan, and why the file's current
+    content is not in use (None when it is)."""
 
+    @property
+    def paths(self) -> tuple[Path, ...]: ...
 
-def _scan(content: bytes | str, source: str) -> FakeScan:  # runs in the child
-    from ix_gpu.node.backends.fake_devices import scan
+    last_error: str | None
 
-    return scan(content, source)
+    def poll(self) -> FakeScan | None:
+        """The newly scanned content when the file changed and is good, else None."""
 
 
 class FakeBackend:
@@ -39,11 +40,9 @@ class FakeBackend:
 
     name = "fake"
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._file = LastGoodFiles(
-            "fake devices", [self.path], lambda contents: scan_isolated(contents[0], str(self.path))
-        )
+    def __init__(self, devices: DevicesFile) -> None:
+        self.path = devices.paths[0]
+        self._file = devices
         self._parsed: FakeScan | None = None
         self._load()  # fail at start-up, where a usage error is still possible
         assert self._parsed is not None

@@ -18,76 +18,39 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.devicemodel.plugin_runtime import DeviceListStrategy, RuntimeConfig
 from ix_gpu.node.attribution import holders_by_chip
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
-from ix_gpu.node.config_loader import load_runtime_config
 from ix_gpu.node.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
 from ix_gpu.node.devices.device_list import DeviceList, build_device_list
 from ix_gpu.node.devices.health import HealthTracker
 from ix_gpu.node.devices.sharing import SharingPlan, plan_sharing
 from ix_gpu.node.node_config import (
     FIRST_ANSWER_WAIT,
-    Choice,
-    NodeLabelReader,
-    choose,
-    named_configs,
 )
 from ix_gpu.node.node_labels import NodeLabeler, node_labels
 from ix_gpu.node.telemetry import Telemetry
 from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
-from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
+from ix_gpu.plugin.server.config_follower import ConfigFollower
 from ix_gpu.plugin.server.metrics import PluginMetrics, telemetry_lines
 from ix_gpu.plugin.server.pod_resources import PodResourcesReader
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
-from ix_gpu.runtime.outcomes import ERROR
-from ix_gpu.runtime.reload import LastGoodFiles
+from ix_gpu.plugin.server.settings import PluginSettings
 from ix_gpu.runtime.supervision import Supervised, supervise
 
 if TYPE_CHECKING:
-    from ix_gpu.runtime.kube import ApiServer
+    pass
 
 log = logging.getLogger(__name__)
 
 REGISTRATION_GRACE_SECONDS = 15.0
 
 """/healthz tolerates this long without registration: a kubelet restart takes a second or two."""
-
-
-@dataclass(frozen=True)
-class PluginSettings:
-    device_plugin_dir: Path
-    config_path: Path | None = None
-    """Re-read on every health check; ``None`` runs on the defaults."""
-    metrics_port: int | None = None
-    metrics_host: str = "::"  # both IP families: ix_gpu.runtime.guarded_http.listen_socket
-    node_name: str | None = None
-    api_server: ApiServer | None = None
-    """Where to publish node labels (``labels.enabled``); ``None`` outside a cluster."""
-    config_dir: Path | None = None
-    """A directory of named configs (a mounted ConfigMap): the node label
-    ``ix-gpu.io/device-plugin.config`` picks one (:mod:`.node_config`); ``config_path`` is then
-    the one chosen at start."""
-    default_config: str | None = None
-    node_config: NodeLabelReader | None = None
-    """Reads the node's config label; ``None`` without cluster access (the default applies)."""
-    allocation: DevicePluginGate | None = None
-    """Whether this node's GPUs are the device plugin's to hand out (the node's
-    ``ix-gpu.io/gpu.allocation`` label, the DRA driver's slices); ``None``: always."""
-    telemetry_interval: float = 10.0
-    """How often the chips' telemetry may be read for ``/metrics`` (:mod:`ix_gpu.node.telemetry`);
-    0: none."""
-    pod_resources_socket: Path | None = None
-    """The kubelet's PodResources socket, read with the telemetry for each chip's holders
-    (:mod:`.pod_resources`); None: chips are shown without their pods."""
-    dra_driver: str | None = None
-    """The DRA driver whose claims' devices on this node are ours (for attribution)."""
 
 
 class PluginApp:
@@ -97,13 +60,17 @@ class PluginApp:
         config: RuntimeConfig,
         backend: Backend,
         loaded_content: bytes | None = None,
+        sharing: SharingPlan | None = None,
     ) -> None:
         """``loaded_content``: the config file's bytes that ``config`` came from, if the caller
         read them (a reload then starts only when the file changes); else the first health check
-        reads and applies the file."""
+        reads and applies the file. ``sharing``: ``config``'s plan for ``backend``'s vendor, when
+        the start-up made it already."""
         self.settings = settings
         self.config = config
         self.backend = backend
+        self.sharing: SharingPlan = sharing or plan_sharing(config, backend.vendor.resource_name)
+        """The config's sharing for this vendor: made once per config, read by everything here."""
         self.metrics = PluginMetrics()
         self.telemetry = (
             Telemetry(backend, settings.telemetry_interval) if settings.telemetry_interval > 0 else None
@@ -114,12 +81,14 @@ class PluginApp:
         """Every device ID the config makes of the chips (offered or not) → its chips' UUIDs."""
         self.tracker = HealthTracker(config.recover_after)
         self.backend_error: str | None = None
-        self.config_path = settings.config_path
-        """The config file in use (one of ``config_dir``'s when the node label picks)."""
-        self._config_file = (
-            self._watch(settings.config_path, loaded_content) if settings.config_path is not None else None
+        self.config_file = ConfigFollower(
+            settings.config_path,
+            loaded_content,
+            directory=settings.config_dir,
+            reader=settings.node_config,
+            default=settings.default_config,
+            record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
         )
-        self._choice_problem: str | None = None
         self._chips: list[Chip] = []
         self.state = DeviceState(self._snapshot(build_device_list([], splitboard=False, replicas=1)))
         self.servicer = DevicePluginServicer(self.state, self.metrics)
@@ -149,10 +118,6 @@ class PluginApp:
         return lambda _message: counter.inc()
 
     @property
-    def sharing(self) -> SharingPlan:
-        return plan_sharing(self.config, self.backend.vendor.resource_name)
-
-    @property
     def resource_name(self) -> str:
         return self.sharing.resource
 
@@ -173,56 +138,14 @@ class PluginApp:
             control_nodes=self.backend.control_nodes(),
         )
 
-    def _watch(self, path: Path, loaded_content: bytes | None) -> LastGoodFiles[RuntimeConfig]:
-        return LastGoodFiles(
-            "config",
-            [path],
-            lambda contents: load_runtime_config(contents[0], str(path)),
-            loaded=[loaded_content] if loaded_content is not None else None,
-            record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
-            logger=log,
-        )
-
-    # -- health loop ---------------------------------------------------------------------------
-
-    async def _follow_node_config(self) -> None:
-        """Switch to the named config the node's label (or the default) picks, when it changed;
-        a choice that names no config keeps the one in use and says so once."""
-        directory = self.settings.config_dir
-        if directory is None:
-            return
-        reader = self.settings.node_config
-        label = await asyncio.to_thread(reader.value) if reader is not None else None
-        try:
-            names = await asyncio.to_thread(named_configs, directory)
-        except OSError as exc:
-            names = {}
-            choice = Choice(None, f"cannot list {directory}: {exc}")
-        else:
-            choice = choose(names, label, self.settings.default_config)
-        if choice.name is None:
-            if choice.reason != self._choice_problem:
-                log.error("%s; keeping config %s", choice.reason, self.config_path or "(built-in defaults)")
-                self.metrics.config_reloads.labels(result=ERROR).inc()
-            self._choice_problem = choice.reason
-            return
-        self._choice_problem = None
-        path = names[choice.name]
-        if path != self.config_path:
-            log.info("using config %s: %s", path, choice.reason)
-            self.config_path = path
-            self._config_file = self._watch(path, None)  # read and applied by the reload below
-
     async def _reload_config(self) -> bool:
         """Apply a changed config file; the last good one stays when the new one is invalid."""
-        await self._follow_node_config()
-        if self._config_file is None:
-            return False
-        config = await asyncio.to_thread(self._config_file.poll)
+        config = await self.config_file.poll()
         if config is None or config.digest == self.config.digest:
             return False
         old_resource = self.resource_name
         self.config = config
+        self.sharing = plan_sharing(config, self.backend.vendor.resource_name)
         self.tracker.recover_after = config.recover_after
         log.info(
             "config reloaded: splitboard=%s replicas=%d resourceName=%s",
@@ -231,7 +154,7 @@ class PluginApp:
             self.resource_name,
         )
         for note in self.sharing.notes:
-            log.warning("config %s: %s", self.config_path, note)
+            log.warning("config %s: %s", self.config_file.path, note)
         if self.resource_name != old_resource:
             self.registrar.request_reregister()
         return True
