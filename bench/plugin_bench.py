@@ -197,7 +197,7 @@ def handler_latency(boards: int, calls: int) -> dict[str, float]:
     from ix_gpu.devicemodel.vendors import ILUVATAR
     from ix_gpu.node.backends.fake_devices import parse_fake_devices
     from ix_gpu.node.devices.device_list import build_device_list
-    from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
+    from ix_gpu.plugin.offer.device_state import DeviceState, Snapshot
     from ix_gpu.plugin.server.metrics import PluginMetrics
     from ix_gpu.plugin.server.servicer import DevicePluginServicer
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE / "webhook_load"))
 
 from bodies import big_review, small_review  # noqa: E402
 
-from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle  # noqa: E402
+from ix_gpu.webhook.certs.authority import generate_bundle, write_bundle  # noqa: E402
 
 MiB = 1024 * 1024
 HEADERS = {"Content-Type": "application/json"}

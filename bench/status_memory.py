@@ -221,7 +221,7 @@ def run_status(mode: str, kubeconfig: Path, out: Path) -> dict[str, Any]:
 def baseline_mib() -> float:
     """The interpreter with the command's modules loaded, nothing read: what is not the data."""
     code = (
-        "import resource, ix_gpu.cli, ix_gpu.status.read, ix_gpu.status.view, ix_gpu.runtime.kube, "
+        "import resource, ix_gpu.cli, ix_gpu.status.read, ix_gpu.status.view, ix_gpu.kube.apiserver, "
         "kubernetes.config; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
     )
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

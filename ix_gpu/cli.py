@@ -7,7 +7,7 @@ when they run.
 
 Exit codes follow the Kubernetes tools' habit: 0 success, 1 the command ran and the answer is "no"
 (e.g. an object was denied), 2 a usage error with a one-line message. Every long option can also be
-set from the environment (``--log-level`` from ``IX_GPU_LOG_LEVEL``; see ``runtime.usage``).
+set from the environment (``--log-level`` from ``IX_GPU_LOG_LEVEL``; see ``ix_gpu.process.usage``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ix_gpu.runtime.usage import OneLineParser, UsageError
+from ix_gpu.process.usage import OneLineParser, UsageError
 
 _SUBCOMMAND_MODULES = ("ix_gpu.webhook.cli", "ix_gpu.plugin.cli", "ix_gpu.dra.cli", "ix_gpu.status.cli")
 
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
-    from ix_gpu.runtime.kube import identify
+    from ix_gpu.kube.apiserver import identify
 
     identify(args.command)
     try:

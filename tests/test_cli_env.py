@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.cli import build_parser
-from ix_gpu.runtime.usage import env_name
+from ix_gpu.process.usage import env_name
 from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES, FAKE_DEVICES
 

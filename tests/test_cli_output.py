@@ -35,7 +35,7 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback(args: tuple[str, ...
 
 @pytest.mark.parametrize("command", ["plugin", "dra"])
 def test_the_node_agents_help_names_every_kubeconfig_user_they_take(command: str) -> None:
-    """Client certificates work (tests/test_kubeconfig.py); the help must not say otherwise."""
+    """Client certificates work (tests/kube/test_kubeconfig.py); the help must not say otherwise."""
     text = " ".join(ix_gpu(command, "--help", check=True).stdout.split())
     assert "token users only" not in text
     assert "a token, a tokenFile or a client certificate" in text

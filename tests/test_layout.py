@@ -1,7 +1,7 @@
 """The package layout's import rules, checked by walking every module's AST.
 
-The folders show the layers (``devicemodel`` < ``config`` < ``runtime`` < ``webhook``, and
-``runtime`` < ``node`` < ``plugin`` / ``dra``; the webhook's pure ``core`` beside its ``service``);
+The folders show the layers (``devicemodel`` < ``config`` < ``kube``/``process``/``serving`` <
+``webhook``, and those < ``node`` < ``plugin`` / ``dra``; the webhook's pure ``core`` beside its ``service``);
 these rules keep the picture true as the code grows. Every import counts, including the lazy ones
 inside functions, because a lazy import of fastapi in the core would still make the core impure.
 """
@@ -41,6 +41,8 @@ CORE_ALLOWED = (
 )
 
 PLUGIN_API = "ix_gpu.plugin.api"
+SUPPORT = ("ix_gpu.kube", "ix_gpu.process", "ix_gpu.serving")
+"""The support packages every process stands on: the API client, process plumbing, HTTP serving."""
 
 # (importer prefix, forbidden prefixes, why)
 RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -52,20 +54,31 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
             "ix_gpu.node",
             "ix_gpu.plugin",
             "ix_gpu.dra",
-            "ix_gpu.runtime",
+            *SUPPORT,
             "ix_gpu.cli",
         ),
         "the device model is the bottom layer",
     ),
     (
         "ix_gpu.config",
-        ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.runtime", "ix_gpu.cli"),
+        ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", *SUPPORT, "ix_gpu.cli"),
         "the config schemas and their loader sit on the device model, below both processes",
     ),
-    (
-        "ix_gpu.runtime",
-        ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.cli"),
-        "the runtime layer sits below every process",
+    *(
+        (
+            support,
+            ("ix_gpu.webhook", "ix_gpu.node", "ix_gpu.plugin", "ix_gpu.dra", "ix_gpu.status", "ix_gpu.cli"),
+            "the API client, the process plumbing and the HTTP side sit below every process",
+        )
+        for support in SUPPORT
+    ),
+    *(
+        (
+            support,
+            tuple(other for other in SUPPORT if other != support),
+            "the three support packages are three subjects: none needs another",
+        )
+        for support in SUPPORT
     ),
     (
         "ix_gpu.webhook",
@@ -97,7 +110,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     (
         "ix_gpu.dra.devices",
-        ("ix_gpu.dra.api", "grpc", "grpclib", "ix_gpu.runtime.kube"),
+        ("ix_gpu.dra.api", "grpc", "grpclib", "ix_gpu.kube.apiserver"),
         "the DRA device model is pure of gRPC and the API server",
     ),
     (
@@ -107,16 +120,16 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ),
     (
         "ix_gpu.node.backends",
-        ("ix_gpu.runtime",),
+        ("ix_gpu.process", "ix_gpu.kube", "ix_gpu.serving"),
         "a discovery backend knows devices, not processes: child interpreters and file watching are "
         "the node layer's (ix_gpu.node.fake_devices_file)",
     ),
     (
         "ix_gpu.node.devices",
         (
-            "ix_gpu.runtime.kube",
-            "ix_gpu.runtime.list_watch",
-            "ix_gpu.runtime.watched_cache",
+            "ix_gpu.kube.apiserver",
+            "ix_gpu.kube.list_watch",
+            "ix_gpu.kube.watched_cache",
             "ix_gpu.node.backends.ixml",
             "ix_gpu.node.backends.nvml",
             "ix_gpu.node.backends.devfs",
@@ -128,7 +141,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "server and of libraries",
     ),
     (
-        "ix_gpu.plugin.devices",
+        "ix_gpu.plugin.offer",
         ("ix_gpu.plugin.server", "ix_gpu.plugin.api", "grpc", "grpclib", "pynvml", "ctypes"),
         "the device plugin's allocation is pure of gRPC and of management libraries",
     ),
@@ -169,7 +182,7 @@ RULES: tuple[tuple[str, tuple[str, ...], str], ...] = (
         )
     ),
     (
-        "ix_gpu.runtime.text_metrics",
+        "ix_gpu.serving.text_metrics",
         ("prometheus_client",),
         "the node agents' metrics writer is what replaces prometheus_client there",
     ),
@@ -240,13 +253,14 @@ def test_the_walk_sees_every_layer() -> None:
     for layer in (
         "ix_gpu.devicemodel",
         "ix_gpu.config",
-        "ix_gpu.runtime",
+        *SUPPORT,
         "ix_gpu.webhook.core",
+        "ix_gpu.webhook.certs",
         "ix_gpu.webhook.service",
         "ix_gpu.node",
         "ix_gpu.node.backends",
         "ix_gpu.node.devices",
-        "ix_gpu.plugin.devices",
+        "ix_gpu.plugin.offer",
         "ix_gpu.plugin.server",
         "ix_gpu.plugin.api",
         "ix_gpu.dra",
@@ -263,20 +277,20 @@ def test_the_walk_sees_every_layer() -> None:
     [
         ("ix_gpu.webhook.core.mutation", "import fastapi", "fastapi"),
         ("ix_gpu.webhook.core.mutation", "def f():\n    import socket\n", "socket"),
-        ("ix_gpu.webhook.core.mutation", "from ix_gpu.runtime import kube", "ix_gpu.runtime"),
+        ("ix_gpu.webhook.core.mutation", "from ix_gpu.kube import apiserver", "ix_gpu.kube"),
         ("ix_gpu.webhook.core.mutation", "from ..service import app", "ix_gpu.webhook.service"),
         ("ix_gpu.webhook.service.app", "from ix_gpu.plugin.server import app", "ix_gpu.plugin"),
         ("ix_gpu.plugin.server.app", "import ix_gpu.webhook.core.mutation", "ix_gpu.webhook"),
         ("ix_gpu.devicemodel.labels", "from ix_gpu import webhook", "ix_gpu.webhook"),
-        ("ix_gpu.devicemodel.labels", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime"),
+        ("ix_gpu.devicemodel.labels", "from ix_gpu.kube.apiserver import ApiServer", "ix_gpu.kube"),
         ("ix_gpu.devicemodel.labels", "from ix_gpu.config import text", "ix_gpu.config"),
-        ("ix_gpu.config.webhook_config", "from ix_gpu.runtime import kube", "ix_gpu.runtime"),
+        ("ix_gpu.config.webhook_config", "from ix_gpu.kube import apiserver", "ix_gpu.kube"),
         ("ix_gpu.config.plugin_config", "from ix_gpu.plugin.server import app", "ix_gpu.plugin"),
-        ("ix_gpu.runtime.kube", "from ix_gpu.cli import UsageError", "ix_gpu.cli"),
-        ("ix_gpu.runtime.list_watch", "from ix_gpu.node import node_config", "ix_gpu.node"),
+        ("ix_gpu.kube.apiserver", "from ix_gpu.cli import UsageError", "ix_gpu.cli"),
+        ("ix_gpu.kube.list_watch", "from ix_gpu.node import node_config", "ix_gpu.node"),
         ("ix_gpu.config.plugin_config", "from ix_gpu.node.devices import sharing", "ix_gpu.node"),
-        ("ix_gpu.plugin.devices.allocation", "import grpc", "grpc"),
-        ("ix_gpu.plugin.devices.allocation", "from grpclib.const import Status", "grpclib"),
+        ("ix_gpu.plugin.offer.allocation", "import grpc", "grpc"),
+        ("ix_gpu.plugin.offer.allocation", "from grpclib.const import Status", "grpclib"),
         ("ix_gpu.plugin.server.servicer", "import grpc", "grpc"),
         ("ix_gpu.plugin.server.registration", "def f():\n    import grpc.aio\n", "grpc.aio"),
         (
@@ -285,7 +299,7 @@ def test_the_walk_sees_every_layer() -> None:
             "pb2_grpc",
         ),
         ("ix_gpu.plugin.server.metrics", "from prometheus_client import Counter", "prometheus_client"),
-        ("ix_gpu.runtime.text_metrics", "import prometheus_client", "prometheus_client"),
+        ("ix_gpu.serving.text_metrics", "import prometheus_client", "prometheus_client"),
         ("ix_gpu.dra.metrics", "from prometheus_client import Gauge", "prometheus_client"),
         ("ix_gpu.plugin.cli", "import prometheus_client", "prometheus_client"),
         ("ix_gpu.node.backends.fake", "from ix_gpu.node.devices import device_list", "devices"),
@@ -296,11 +310,11 @@ def test_the_walk_sees_every_layer() -> None:
         ("ix_gpu.node.node_labels", "from grpclib.server import Server", "grpclib"),
         ("ix_gpu.plugin.server.app", "from ix_gpu.dra import devices", "ix_gpu.dra"),
         ("ix_gpu.dra.app", "from ix_gpu.plugin.server.registration import Registrar", "registration"),
-        ("ix_gpu.dra.prepare", "from ix_gpu.plugin.devices.allocation import allocate", "ix_gpu.plugin"),
+        ("ix_gpu.dra.prepare", "from ix_gpu.plugin.offer.allocation import allocate", "ix_gpu.plugin"),
         ("ix_gpu.dra.app", "def f():\n    from ix_gpu.plugin import cli\n", "ix_gpu.plugin"),
         ("ix_gpu.dra.servicer", "import grpc", "grpc"),
         ("ix_gpu.dra.app", "from ix_gpu.dra.api import dra_v1_pb2_grpc", "pb2_grpc"),
-        ("ix_gpu.dra.devices", "from ix_gpu.runtime.kube import ApiServer", "ix_gpu.runtime.kube"),
+        ("ix_gpu.dra.devices", "from ix_gpu.kube.apiserver import ApiServer", "ix_gpu.kube.apiserver"),
         ("ix_gpu.dra.slices", "from ix_gpu.webhook.core import mutation", "ix_gpu.webhook"),
     ],
 )

@@ -57,7 +57,7 @@ from bodies import write_bodies  # noqa: E402
 
 from ix_gpu.config.webhook_config import default_config  # noqa: E402
 from ix_gpu.devicemodel.labels import INJECTED, INJECTED_ITEMS  # noqa: E402
-from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle  # noqa: E402
+from ix_gpu.webhook.certs.authority import generate_bundle, write_bundle  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 RECORD_PATH = "/metadata/annotations/" + INJECTED_ITEMS.replace("~", "~0").replace("/", "~1")

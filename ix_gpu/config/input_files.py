@@ -1,7 +1,7 @@
 """Reading config-like files, and the error every config problem is: no yaml, no pydantic.
 
 The device plugin reads its config and devices files here and has them validated elsewhere (in a
-short-lived child, :mod:`ix_gpu.runtime.isolated`), so what it needs to read bytes and report problems is
+short-lived child, :mod:`ix_gpu.process.isolated`), so what it needs to read bytes and report problems is
 kept apart from the YAML loader (:mod:`.yaml_input`). This is the one home of :class:`ConfigError`:
 every module that raises or catches it imports it from here."""
 

@@ -44,10 +44,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ix_gpu.config.input_files import CONFIG_MAX_BYTES, read_capped
-from ix_gpu.config.plugin_sharing import SharedResource, Sharing, TimeSlicing, resource_name_problem
-from ix_gpu.config.schema_base import StrictModel, parse_document, parse_yaml
-from ix_gpu.config.text import shown
-from ix_gpu.devicemodel.plugin_runtime import (
+from ix_gpu.config.plugin_runtime import (
     SHARED_SUFFIX,
     DeviceIdStrategy,
     DeviceListStrategy,
@@ -57,6 +54,9 @@ from ix_gpu.devicemodel.plugin_runtime import (
     SharedEntry,
     qualify,
 )
+from ix_gpu.config.plugin_sharing import SharedResource, Sharing, TimeSlicing, resource_name_problem
+from ix_gpu.config.schema_base import StrictModel, parse_document, parse_yaml
+from ix_gpu.config.text import shown
 
 DEFAULT_PATH = "/ixconfig/ix-config"
 """Where the Iluvatar device plugin's DaemonSet mounts the ConfigMap (volume ``ixc`` at ``/ixconfig``,

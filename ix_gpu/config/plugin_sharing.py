@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from ix_gpu.config.plugin_runtime import DeviceSelection
 from ix_gpu.config.schema_base import StrictModel
 from ix_gpu.config.text import shown
-from ix_gpu.devicemodel.plugin_runtime import DeviceSelection
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")

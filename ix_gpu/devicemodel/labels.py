@@ -30,7 +30,7 @@ DEVICE_PLUGIN_CONFIG = f"{PREFIX}/device-plugin.config"
 that node's plugin uses, as NVIDIA's ``nvidia.com/device-plugin.config``."""
 GPU_ALLOCATION = f"{PREFIX}/gpu.allocation"
 """Set by the operator on a node: which allocator hands out its GPUs, ``device-plugin`` (also when
-absent) or ``dra`` (see :mod:`ix_gpu.devicemodel.allocation`). Not in :data:`PUBLISHED`: an
+absent) or ``dra`` (see :mod:`ix_gpu.node.allocator`). Not in :data:`PUBLISHED`: an
 operator's choice survives ``ix-gpu labels prune``."""
 
 # Annotations and labels read or written by the webhook.

@@ -11,7 +11,8 @@ It sits beside the device plugin, on the same node layer (:mod:`ix_gpu.node`):
 - :mod:`.servicer` (the DRA and registration services), :mod:`.app`: the gRPC side (grpclib) and the process.
 - :mod:`.api`: our ``.proto`` text for the kubelet's APIs and the generated stubs.
 
-May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config`, :mod:`ix_gpu.runtime` and
-:mod:`ix_gpu.node` (backends, devices, CDI, node config); never :mod:`ix_gpu.plugin`, never
+May import :mod:`ix_gpu.devicemodel`, :mod:`ix_gpu.config`, the support packages
+(:mod:`ix_gpu.kube`, :mod:`ix_gpu.process`, :mod:`ix_gpu.serving`) and :mod:`ix_gpu.node`
+(backends, devices, CDI, node config, the common start-up); never :mod:`ix_gpu.plugin`, never
 :mod:`ix_gpu.webhook`, and never a management library: chips come through a backend.
 """

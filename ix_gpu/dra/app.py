@@ -9,14 +9,14 @@ The health loop asks the backend for chips every ``health_interval`` seconds and
 slice when anything changed; a backend that fails marks every known device unhealthy, with the
 backend's message as the reason, as the device plugin does.
 
-The health loop is supervised (:mod:`ix_gpu.runtime.supervision`): an unexpected exception is
+The health loop is supervised (:mod:`ix_gpu.process.supervision`): an unexpected exception is
 logged with its traceback, counted (``loop_crashes``) and the loop restarted after a backoff,
 while the sockets keep serving; shutdown runs whatever the loop did. A slice write that fails is
 retried with backoff (1 s doubling to a minute, with jitter), not on every health interval.
 
 The node's GPUs are this process's to hand out only on a node labelled
 ``ix-gpu.io/gpu.allocation=dra`` whose kubelet offers no device-plugin GPUs
-(:mod:`ix_gpu.devicemodel.allocation`). Until then, and as soon as that stops being true, the
+(:mod:`ix_gpu.node.allocator`). Until then, and as soon as that stops being true, the
 slice lists no device and Prepare refuses claims it has not prepared before; a claim prepared
 earlier is still answered from the checkpoint (nothing new is handed out) and still unprepared.
 """
@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 from grpclib.server import Server
 
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.allocation import NodeFacts, Verdict, dra_verdict
 from ix_gpu.dra.checkpoint import Checkpoint
 from ix_gpu.dra.claims import ClaimReader
 from ix_gpu.dra.devices import DraDevice, UnhealthyMode, counter_sets, dra_devices, slice_devices
@@ -46,11 +45,12 @@ from ix_gpu.dra.metrics import DraMetrics, DraState, render_metrics
 from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
+from ix_gpu.kube.apiserver import ApiServer
+from ix_gpu.node.allocator import NodeFacts, Verdict, dra_verdict
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
 from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader, choose, named_configs
-from ix_gpu.runtime.backoff import Backoff
-from ix_gpu.runtime.kube import ApiServer
-from ix_gpu.runtime.supervision import Supervised, supervise
+from ix_gpu.process.backoff import Backoff
+from ix_gpu.process.supervision import Supervised, supervise
 
 if TYPE_CHECKING:
     from grpclib._typing import IServable
@@ -97,7 +97,7 @@ class DraSettings:
     metrics_port: int | None = None
     """Port of /healthz and /metrics (None: not served)."""
     metrics_host: str = "::"
-    """Where they listen; ``::``: both IP families (:func:`ix_gpu.runtime.guarded_http.listen_socket`)."""
+    """Where they listen; ``::``: both IP families (:func:`ix_gpu.serving.guarded_http.listen_socket`)."""
 
     @property
     def dra_socket(self) -> Path:
@@ -359,7 +359,7 @@ class DraApp:
         await asyncio.to_thread(self.node_reader.wait_synced, FIRST_ANSWER_WAIT)
         await asyncio.to_thread(self.check_allocation)  # and whether new claims may be prepared
         if self.settings.metrics_port is not None:
-            from ix_gpu.runtime.agent_http import address_text, start_http_server
+            from ix_gpu.serving.agent_http import address_text, start_http_server
 
             host, port = self.settings.metrics_host, self.settings.metrics_port
             try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 from urllib.parse import quote, urlsplit
 
-from ix_gpu.runtime.kube import ApiError, ApiServer
+from ix_gpu.kube.apiserver import ApiError, ApiServer
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 

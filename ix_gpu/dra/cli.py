@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ix_gpu.node.agent import AgentKind, add_device_flags, add_kubeconfig_flag, check_device_args, start_node
-from ix_gpu.runtime.usage import (
+from ix_gpu.process.usage import (
     UsageError,
     add_log_level,
     interval_seconds,
@@ -200,7 +200,7 @@ def run_dra(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from ix_gpu.runtime import json_logging
+    from ix_gpu.process import json_logging
 
     json_logging.configure(args.log_level)
     _checked_args(args)

@@ -1,4 +1,4 @@
-"""The DRA plugin's Prometheus metrics, written by :mod:`ix_gpu.runtime.text_metrics` (the same
+"""The DRA plugin's Prometheus metrics, written by :mod:`ix_gpu.serving.text_metrics` (the same
 small writer as the device plugin's, for the same reason: this process runs on every DRA node).
 
 Two kinds: counters of what happened between scrapes (claims prepared and unprepared, the failures
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ix_gpu.dra.claims import FAILURE_REASONS, UNPREPARE_FAILURE_REASONS
-from ix_gpu.runtime.text_metrics import Counter, Family, Gauge, Histogram, render
+from ix_gpu.serving.text_metrics import Counter, Family, Gauge, Histogram, render
 
 RESULTS = ("success", "error")
 API_CALLS = ("node_read", "slice_write")

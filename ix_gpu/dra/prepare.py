@@ -82,7 +82,7 @@ class Preparer:
         refusal: Callable[[], str | None] = lambda: None,
     ) -> None:
         """``refusal``: why no new claim may be prepared now (None: it may); see
-        :mod:`ix_gpu.devicemodel.allocation`."""
+        :mod:`ix_gpu.node.allocator`."""
         self.driver, self.pool, self.vendor = driver, pool, vendor
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint

@@ -33,7 +33,7 @@ from urllib.error import HTTPError
 from urllib.parse import quote
 
 from ix_gpu.dra.claims import RESOURCE_API
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from ix_gpu.node.backends import BACKENDS  # light: no backend module is imported here
-from ix_gpu.runtime.usage import UsageError, set_env_name
+from ix_gpu.process.usage import UsageError, set_env_name
 
 if TYPE_CHECKING:
-    from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
+    from ix_gpu.config.plugin_runtime import RuntimeConfig
+    from ix_gpu.kube.apiserver import ApiServer
     from ix_gpu.node.backends.base import Backend
     from ix_gpu.node.devices.sharing import SharingPlan
     from ix_gpu.node.node_config import NodeLabelReader
-    from ix_gpu.runtime.kube import ApiServer
 
 DEFAULT_CONFIG = "/ixconfig/ix-config"  # = ix_gpu.config.plugin_config.DEFAULT_PATH, without pydantic
 """Where the chart (and the Iluvatar device plugin's DaemonSet) mounts the ix-config."""
@@ -140,8 +140,8 @@ def load_config(path: Path | None) -> LoadedConfig:
 def connect(kubeconfig: str | None) -> ApiServer | None:
     """``kubeconfig``'s apiserver, else the in-cluster one, else None. Imported only when needed:
     urllib.request and ssl cost an agent memory."""
-    from ix_gpu.runtime.kube import ApiServer
-    from ix_gpu.runtime.kubeconfig import read_kubeconfig
+    from ix_gpu.kube.apiserver import ApiServer
+    from ix_gpu.kube.kubeconfig import read_kubeconfig
 
     if kubeconfig is not None:
         try:
@@ -168,7 +168,7 @@ class AgentKind:
     api_for: Callable[[RuntimeConfig], bool] | None = None
     """Connect after the config is read when this says the config needs it (node labels)."""
     preload: tuple[str, ...] = ()
-    """Modules imported without OpenSSL while the child starts (:mod:`ix_gpu.runtime.openssl_free`)."""
+    """Modules imported without OpenSSL while the child starts (:mod:`ix_gpu.process.openssl_free`)."""
 
 
 class NodeStart(NamedTuple):
@@ -193,15 +193,15 @@ def start_node(
     the backend cannot start, which is the environment's fault: exit 1.
 
     The config and the fake backend's devices file are validated in one child interpreter
-    (:func:`ix_gpu.runtime.isolated.shared_child`; it imports pydantic once, about 0.4 s), asked
+    (:func:`ix_gpu.process.isolated.shared_child`; it imports pydantic once, about 0.4 s), asked
     from two threads, while this thread imports the serving side (``import_server``). A directory
     of configs needs the node's label to pick one, so cluster access comes first then."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ix_gpu.node.backends.base import BackendError
     from ix_gpu.node.devices.sharing import plan_sharing
-    from ix_gpu.runtime.isolated import shared_child
-    from ix_gpu.runtime.openssl_free import import_without_openssl
+    from ix_gpu.process.isolated import shared_child
+    from ix_gpu.process.openssl_free import import_without_openssl
 
     log = logging.getLogger(f"ix_gpu.{kind.name}")
     config_dir = check_device_args(args)

@@ -1,12 +1,12 @@
-"""The plugin's ix-config, validated in a short-lived child (:func:`ix_gpu.runtime.isolated.call_isolated`)
+"""The plugin's ix-config, validated in a short-lived child (:func:`ix_gpu.process.isolated.call_isolated`)
 and held as :class:`RuntimeConfig`: the schema is pydantic, and the long-running plugin process
 never imports it (about 12 MiB it could not give back)."""
 
 from __future__ import annotations
 
 from ix_gpu.config.input_files import ConfigError
-from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
-from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
+from ix_gpu.config.plugin_runtime import RuntimeConfig
+from ix_gpu.process.isolated import IsolatedCallError, call_isolated
 
 DEFAULTS_SOURCE = "(built-in defaults)"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.node.backends.fake import FakeBackend
 from ix_gpu.node.backends.fake_scan import FakeScan
-from ix_gpu.runtime.isolated import IsolatedCallError, call_isolated
-from ix_gpu.runtime.reload import LastGoodFiles
+from ix_gpu.process.isolated import IsolatedCallError, call_isolated
+from ix_gpu.process.reload import LastGoodFiles
 
 
 def fake_backend(path: str | Path) -> FakeBackend:
@@ -27,7 +27,7 @@ def fake_backend(path: str | Path) -> FakeBackend:
 
 
 def scan_isolated(content: bytes | str, source: str) -> FakeScan:
-    """Validate in a short-lived child (:mod:`ix_gpu.runtime.isolated`)."""
+    """Validate in a short-lived child (:mod:`ix_gpu.process.isolated`)."""
     try:
         return call_isolated(_scan, content, source, inline_if_loaded="pydantic")
     except IsolatedCallError as exc:

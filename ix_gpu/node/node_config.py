@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
-from ix_gpu.devicemodel.allocation import NodeFacts
-from ix_gpu.runtime.list_watch import ApiListWatch
-from ix_gpu.runtime.watched_cache import WatchedCache
+from ix_gpu.kube.list_watch import ApiListWatch
+from ix_gpu.kube.watched_cache import WatchedCache
+from ix_gpu.node.allocator import NodeFacts
 
 if TYPE_CHECKING:
-    from ix_gpu.runtime.kube import ApiServer
+    from ix_gpu.kube.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def choose(names: Collection[str], label: str | None, default: str | None) -> Ch
 class NodeLabelReader(WatchedCache):
     """This node's labels and allocatable (:class:`NodeFacts`), from a watch of this Node: the
     :data:`labels.DEVICE_PLUGIN_CONFIG` label for the config, the allocation label and
-    allocatable for :mod:`ix_gpu.devicemodel.allocation` (the DRA plugin reads its node through
+    allocatable for :mod:`ix_gpu.node.allocator` (the DRA plugin reads its node through
     this class too). While the watch fails the last facts stay (module doc)."""
 
     log = log

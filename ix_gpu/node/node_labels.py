@@ -1,7 +1,7 @@
 """Node labels (product, count, memory, replicas) under the keys the webhook's GPU-type selection reads.
 
 Published with one JSON merge-patch to the API server using the pod's service account, through
-:class:`ix_gpu.runtime.kube.ApiServer` (the standard library): importing the kubernetes client would
+:class:`ix_gpu.kube.apiserver.ApiServer` (the standard library): importing the kubernetes client would
 cost the plugin more memory than the rest of it together, for one PATCH call.
 """
 
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.node.devices.device_list import DeviceList
-from ix_gpu.runtime.backoff import Backoff
+from ix_gpu.process.backoff import Backoff
 
 if TYPE_CHECKING:
     # urllib.request and ssl: only a plugin with labels.enabled, in a cluster, reaches the code
     # that needs them (through the ApiServer the CLI makes), so importing them here is deferred.
-    from ix_gpu.runtime.kube import ApiServer
+    from ix_gpu.kube.apiserver import ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class NodeLabeler:
     labels may be a previous run's.
 
     A write that fails waits 1 s, then twice as long each time up to a minute, with jitter
-    (:class:`~ix_gpu.runtime.backoff.Backoff`): a policy or RBAC that refuses every node's writes
+    (:class:`~ix_gpu.process.backoff.Backoff`): a policy or RBAC that refuses every node's writes
     costs the apiserver at most one PATCH a minute per node, not one per health interval.
     """
 

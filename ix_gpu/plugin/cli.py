@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from ix_gpu.node.agent import add_device_flags, add_kubeconfig_flag
-from ix_gpu.runtime.usage import (
+from ix_gpu.process.usage import (
     add_log_level,
     interval_seconds_or_off,
     listen_address,

@@ -17,10 +17,10 @@ from ix_gpu.node.agent import (
     load_config,
     start_backend,
 )
-from ix_gpu.runtime.usage import UsageError
+from ix_gpu.process.usage import UsageError
 
 if TYPE_CHECKING:
-    from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
+    from ix_gpu.config.plugin_runtime import RuntimeConfig
     from ix_gpu.node.backends.base import Backend
     from ix_gpu.node.devices.device_list import DeviceList
 
@@ -91,7 +91,7 @@ def run_labels_prune(args: argparse.Namespace) -> int:
 
 
 def run_devices(args: argparse.Namespace) -> int:
-    from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
+    from ix_gpu.plugin.offer.device_state import HEALTHY, UNHEALTHY
 
     found = _discover(args, "devices")
     if found is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ix_gpu.node.agent import AgentKind, NodeStart, start_node
-from ix_gpu.runtime.usage import UsageError
+from ix_gpu.process.usage import UsageError
 
 if TYPE_CHECKING:
     from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
@@ -26,7 +26,7 @@ DRA_DRIVER_NEEDS = (
 
 
 def run_plugin(args: argparse.Namespace) -> int:
-    from ix_gpu.runtime import json_logging
+    from ix_gpu.process import json_logging
 
     json_logging.configure(args.log_level)
     node_name = os.environ.get("NODE_NAME")
@@ -107,7 +107,7 @@ def _check_dra_driver(dra_driver: str | None, node_name: str | None) -> None:
 def _allocation_gate(
     dra_driver: str | None, started: NodeStart, node_name: str | None
 ) -> DevicePluginGate | None:
-    """What decides whether this node's GPUs are advertised (:mod:`ix_gpu.devicemodel.allocation`):
+    """What decides whether this node's GPUs are advertised (:mod:`ix_gpu.node.allocator`):
     with ``--dra-driver``, the node's label and the driver's slices; else, where the node is read
     anyway for its config, its label."""
     reader = started.node_reader

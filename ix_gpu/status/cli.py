@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ix_gpu.runtime.usage import UsageError, interval_seconds, set_env_name
+from ix_gpu.process.usage import UsageError, interval_seconds, set_env_name
 from ix_gpu.status import DEFAULT_DRIVER, DEFAULT_NAMESPACE, DEFAULT_RESOURCE, DEFAULT_SELECTOR
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def run_status(args: argparse.Namespace) -> int:
     import logging
     import sys
 
-    from ix_gpu.runtime.kube import user_api_server
+    from ix_gpu.kube.apiserver import user_api_server
     from ix_gpu.status.read import Deadline, read_cluster, within
     from ix_gpu.status.view import cluster_status, render_text
 

@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from ix_gpu.config.text import one_line
-from ix_gpu.runtime.kube import ApiServer
-from ix_gpu.runtime.list_watch import ApiGone, ApiListWatch
+from ix_gpu.kube.apiserver import ApiServer
+from ix_gpu.kube.list_watch import ApiGone, ApiListWatch
 from ix_gpu.status import DEFAULT_NAMESPACE, DEFAULT_SELECTOR
 from ix_gpu.status.view import NODE_LABELS, NodeChips, chips_from_metrics
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from ix_gpu.runtime.usage import UsageError
+from ix_gpu.process.usage import UsageError
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -218,7 +218,7 @@ def _run_config_schema(args: argparse.Namespace) -> int:
 def _run_certs_generate(args: argparse.Namespace) -> int:
     import ipaddress
 
-    from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle
+    from ix_gpu.webhook.certs.authority import generate_bundle, write_bundle
 
     for ip in args.ip:
         try:

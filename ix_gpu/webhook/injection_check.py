@@ -62,7 +62,7 @@ def verdict(created: dict[str, Any]) -> tuple[bool, str]:
 def run_check(options: CheckOptions) -> int:
     from kubernetes import client
 
-    from ix_gpu.runtime.kube import client_configuration
+    from ix_gpu.kube.apiserver import client_configuration
 
     try:
         # Typed as Any: with _preload_content=False the client returns the raw urllib3 response,

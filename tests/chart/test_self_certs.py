@@ -1,4 +1,4 @@
-"""webhook/service/self_certs.py and self_cert_cli.py against a local stand-in of the apiserver's
+"""webhook/certs/self_mode.py and self_mode_cli.py against a local stand-in of the apiserver's
 Secret and webhook configuration endpoints (resourceVersion conflicts, create-if-absent, JSON patch
 with test ops).
 
@@ -20,9 +20,9 @@ import pytest
 from cryptography import x509
 
 from ix_gpu.cli import UsageError
-from ix_gpu.webhook.service import self_cert_cli, self_certs
-from ix_gpu.webhook.service.self_cert_material import CA_BUNDLE, CA_CERT, TLS_CERT, TLS_KEY, SelfCertError
-from ix_gpu.webhook.service.self_certs import Owner, SelfCertManager, SelfCertSettings, StoredSecret
+from ix_gpu.webhook.certs import self_mode, self_mode_cli
+from ix_gpu.webhook.certs.self_mode import Owner, SelfCertManager, SelfCertSettings, StoredSecret
+from ix_gpu.webhook.certs.self_mode_material import CA_BUNDLE, CA_CERT, TLS_CERT, TLS_KEY, SelfCertError
 from tests.chart.rendering import NAMESPACE, find, render
 from tests.support.waiting import wait_until
 
@@ -152,7 +152,7 @@ def _trusted_by(bundle: bytes, cert_pem: bytes) -> bool:
 def order_check(monkeypatch: pytest.MonkeyPatch) -> list[StandIn]:
     """Every certificate written to a cert dir must already be trusted by the live caBundle."""
     apis: list[StandIn] = []
-    real = self_certs.write_pair
+    real = self_mode.write_pair
 
     def checked(cert_dir: Path, cert: bytes, key: bytes) -> None:
         for api in apis:
@@ -160,7 +160,7 @@ def order_check(monkeypatch: pytest.MonkeyPatch) -> list[StandIn]:
                 assert _trusted_by(bundle, cert), "a certificate was served before its CA was in the caBundle"
         real(cert_dir, cert, key)
 
-    monkeypatch.setattr(self_certs, "write_pair", checked)
+    monkeypatch.setattr(self_mode, "write_pair", checked)
     return apis
 
 
@@ -411,7 +411,7 @@ def _webhook_parser() -> argparse.ArgumentParser:
 def test_the_charts_webhook_args_parse_and_give_the_settings() -> None:
     deployment = find(render(), "Deployment", "ixg-ix-gpu-webhook")
     args = _webhook_parser().parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
-    settings = self_cert_cli.settings_from_args(args)
+    settings = self_mode_cli.settings_from_args(args)
     assert settings == SelfCertSettings(
         namespace=NAMESPACE,
         secret_name="ixg-ix-gpu-webhook-tls",
@@ -454,18 +454,18 @@ def test_the_charts_webhook_args_parse_and_give_the_settings() -> None:
 def test_bad_self_cert_flags_are_usage_errors(argv: list[str], message: str) -> None:
     args = _webhook_parser().parse_args(["webhook", *argv])
     with pytest.raises(UsageError, match=message):
-        self_cert_cli.settings_from_args(args)
+        self_mode_cli.settings_from_args(args)
 
 
 def test_without_the_flags_nothing_happens() -> None:
     args = _webhook_parser().parse_args(["webhook"])
-    assert self_cert_cli.start_from_args(args) is None
+    assert self_mode_cli.start_from_args(args) is None
 
 
 def test_start_from_args_prepares_the_cert_dir_before_the_service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ix_gpu.runtime import json_logging
+    from ix_gpu.process import json_logging
 
     monkeypatch.setattr(json_logging, "configure", lambda level: None)  # keep pytest's log capture
     api = StandIn()
@@ -482,7 +482,7 @@ def test_start_from_args_prepares_the_cert_dir_before_the_service(
             DNS[0],
         ]
     )
-    manager = self_cert_cli.start_from_args(args, api=api)
+    manager = self_mode_cli.start_from_args(args, api=api)
     assert manager is not None
     assert (tmp_path / "tls.crt").read_bytes() == api.secret()[TLS_CERT]
     from ix_gpu.webhook.service.server import ensure_certificates

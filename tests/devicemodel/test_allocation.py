@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ix_gpu.devicemodel.allocation import (
+from ix_gpu.node.allocator import (
     LABEL,
     NodeFacts,
     device_plugin_offer,

@@ -1,4 +1,5 @@
-"""Fixtures for the DRA plugin tests: short socket paths, a private devices file, a fake API server."""
+"""Fixtures for the DRA plugin tests: a devices file with what DRA publishes, a fake API server
+(short socket paths: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,9 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.fake_resource_api import FakeResourceApi, serving
-from tests.support.files import short_tmp_dir
 from tests.support.paths import FAKE_DEVICES
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
-    with short_tmp_dir("ixdra") as path:
-        yield path
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import dra_v1_pb2_grpc as dra_grpc
 from ix_gpu.dra.app import DraApp, DraSettings
 from ix_gpu.dra.devices import UnhealthyMode
+from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.fake_devices_file import fake_backend
-from ix_gpu.runtime.kube import ApiServer
 from tests.support.waiting import wait_until_async
 
 DRIVER = "gpu.iluvatar.com"

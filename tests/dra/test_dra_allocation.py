@@ -11,7 +11,7 @@ import pytest
 
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.dra.api import dra_v1_pb2 as dra
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 from tests.support.waiting import wait_until_async

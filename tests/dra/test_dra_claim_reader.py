@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 from ix_gpu.dra.claims import ClaimError, ClaimReader, ClaimRef
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi
 
 REF = ClaimRef("default", "claim", "uid-1")

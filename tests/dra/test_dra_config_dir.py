@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.devicemodel.labels import DEVICE_PLUGIN_CONFIG
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 from tests.support.cli import ix_gpu, ix_gpu_process

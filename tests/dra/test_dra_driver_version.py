@@ -21,7 +21,7 @@ from ix_gpu.dra.devices import attributes, dra_devices
 from ix_gpu.node.backends.ixml import IxmlBackend
 from ix_gpu.node.backends.nvml import NvmlBackend
 
-STUB = Path(__file__).resolve().parents[1] / "plugin" / "fake_ixml.c"
+STUB = Path(__file__).resolve().parents[1] / "node" / "fake_ixml.c"
 
 DRIVER_VERSION_C = """\
 #include <stdio.h>

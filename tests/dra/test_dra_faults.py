@@ -15,9 +15,9 @@ import pytest
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.dra.app import DraApp
 from ix_gpu.dra.slices import RESOURCE_SLICES
+from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.fake_devices_file import fake_backend
-from ix_gpu.runtime.backoff import Backoff
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.process.backoff import Backoff
 from tests.dra.dra_testkit import DRIVER, NODE, running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 from tests.support.waiting import wait_until_async

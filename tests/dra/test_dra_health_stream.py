@@ -19,7 +19,7 @@ from ix_gpu.dra.api import dra_health_v1alpha1_pb2 as health_v1alpha1
 from ix_gpu.dra.api import dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc
 from ix_gpu.dra.api import pluginregistration_v1_pb2 as reg
 from ix_gpu.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import NODE, running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 

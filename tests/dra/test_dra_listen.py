@@ -1,6 +1,6 @@
 """The DRA plugin's /healthz and /metrics with the default listen address (``::``): they answer on
 ``::1`` and on ``127.0.0.1`` from one dual-stack socket; an explicit IPv4 address binds IPv4 only.
-(The fallback where the kernel has no IPv6 is in tests/test_listen_socket.py: one function binds
+(The fallback where the kernel has no IPv6 is in tests/serving/test_listen_socket.py: one function binds
 every listener.)"""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.dra.app import DraApp
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 

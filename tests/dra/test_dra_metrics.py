@@ -21,8 +21,8 @@ from ix_gpu.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from ix_gpu.dra.app import DraApp
 from ix_gpu.dra.claims import FAILURE_REASONS
 from ix_gpu.dra.metrics import DraMetrics, DraState, render_metrics
-from ix_gpu.runtime.kube import ApiServer
-from ix_gpu.runtime.text_metrics import CONTENT_TYPE
+from ix_gpu.kube.apiserver import ApiServer
+from ix_gpu.serving.text_metrics import CONTENT_TYPE
 from tests.dra.dra_testkit import claim, dra_client, result, running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 

@@ -18,8 +18,8 @@ from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.devices import board_uuid, counter_sets, dra_devices, slice_devices
 from ix_gpu.dra.slices import MAX_COUNTER_SLICES, SlicePublisher
+from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.backends.base import Chip
-from ix_gpu.runtime.kube import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, running, settings
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi
 from tests.support.waiting import wait_until_async

@@ -13,13 +13,13 @@ import pytest
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.api import pluginregistration_v1_pb2 as reg
 from ix_gpu.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE, claim, dra_client, result, running, settings
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi
 from tests.support.cli import ix_gpu
 from tests.support.waiting import wait_until_async
 
-CDI_SCHEMA = json.loads((Path(__file__).parents[1] / "plugin" / "data" / "cdi-spec.schema.json").read_text())
+CDI_SCHEMA = json.loads((Path(__file__).parents[1] / "node" / "data" / "cdi-spec.schema.json").read_text())
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.dra.app import DraApp
 from ix_gpu.dra.claims import FAILURE_REASONS, UNPREPARE_FAILURE_REASONS, ClaimRef
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import claim, dra_client, result, running, settings
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi
 

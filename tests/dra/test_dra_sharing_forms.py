@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import DRIVER, NODE
 from tests.dra.fake_resource_api import FakeResourceApi
 from tests.dra.test_dra_config_dir import _dra_args, _kubeconfig

@@ -50,9 +50,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_gpu.devicemodel import labels
-from ix_gpu.runtime.kube import ApiServer
-from ix_gpu.runtime.kubeconfig import read_kubeconfig
-from ix_gpu.runtime.list_watch import WatchStream
+from ix_gpu.kube.apiserver import ApiServer
+from ix_gpu.kube.kubeconfig import read_kubeconfig
+from ix_gpu.kube.list_watch import WatchStream
 from tests.k8s import kwok
 from tests.k8s.burst_fresh import PREFIX as FRESH
 from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces

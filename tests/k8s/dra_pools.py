@@ -12,8 +12,8 @@ from typing import Any
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.devices import counter_sets, dra_devices, slice_devices
 from ix_gpu.dra.slices import SlicePublisher
+from ix_gpu.kube.kubeconfig import read_kubeconfig
 from ix_gpu.node.backends.base import Chip
-from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from tests.chart.rendering import render
 from tests.k8s.k8s_tier import KubeAPI
 from tests.k8s.pods import request_ok

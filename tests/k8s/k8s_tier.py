@@ -34,7 +34,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from ix_gpu.webhook.service.certificates import generate_bundle, write_bundle
+from ix_gpu.webhook.certs.authority import generate_bundle, write_bundle
 from tests.support.net import free_port
 from tests.support.processes import Process, start_process, tail
 from tests.support.waiting import wait_until

@@ -31,10 +31,10 @@ from ix_gpu.devicemodel.labels import GPU_ALLOCATION
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.dra.devices import dra_devices, slice_devices
 from ix_gpu.dra.slices import SlicePublisher
+from ix_gpu.kube.kubeconfig import read_kubeconfig
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.node.devices.device_list import build_device_list
 from ix_gpu.node.node_labels import node_labels
-from ix_gpu.runtime.kubeconfig import read_kubeconfig
 from tests.k8s.k8s_tier import KubeAPI, build_go_command
 from tests.support.processes import Process, start_process
 

@@ -28,7 +28,7 @@ Layout on this machine (root; one real-node cluster at a time, the addresses are
   takes the major:minor of a harmless misc device of this kernel that opens without side effects
   and that runc's default device allow-list does not contain, so the device cgroup decides for real
   whether a container may open it. The driver root holds ``lib64/libixml.so``, the stub libixml
-  (tests/plugin/fake_ixml.c) compiled for the node, and the script it reads, naming the node's chips.
+  (tests/node/fake_ixml.c) compiled for the node, and the script it reads, naming the node's chips.
 - **cgroups.** Each node's kubelet has its own ``cgroupRoot`` (``/ixt-<node>``), so the two
   kubelets never see each other's pod cgroups as orphans.
 
@@ -106,7 +106,7 @@ def misc_devices(count: int = 4, proc_misc: Path = Path("/proc/misc")) -> tuple[
 
 CONTROL_DEVICE = (1, 11)
 """/dev/itrctl, the Iluvatar control node the plugin hands to every GPU container: kmsg's numbers."""
-LIBIXML_SOURCE = ROOT / "tests" / "plugin" / "fake_ixml.c"
+LIBIXML_SOURCE = ROOT / "tests" / "node" / "fake_ixml.c"
 MOUNT_POINTS = (
     "/var/lib/kubelet",
     "/var/log/pods",
@@ -311,7 +311,7 @@ disabled_plugins = [
 
 
 def libixml_script(spec: RealNodeSpec) -> str:
-    """The stub libixml's devices for ``spec`` (format in tests/plugin/fake_ixml.c): the product
+    """The stub libixml's devices for ``spec`` (format in tests/node/fake_ixml.c): the product
     name, then one line per chip, minors from 0."""
     lines = [f"name {spec.product}"]
     minor = 0
@@ -326,7 +326,7 @@ def libixml_script(spec: RealNodeSpec) -> str:
 def edit_stub_chip(node: str, uuid: str, *, health: str | None = None, **figures: int) -> str:
     """Change chip ``uuid``'s line in ``node``'s stub libixml devices file (which it re-reads on
     every count): its health mask (hex) and telemetry words (``temp=95``, format in
-    tests/plugin/fake_ixml.c). Returns the file as it was."""
+    tests/node/fake_ixml.c). Returns the file as it was."""
     script = TIER_ROOT / node / "corex" / "fake-ixml-devices"
     before = script.read_text()
     lines = before.splitlines()

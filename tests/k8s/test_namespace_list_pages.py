@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ix_gpu.runtime.list_watch import ApiListWatch
+from ix_gpu.kube.list_watch import ApiListWatch
 from ix_gpu.webhook.core.claims import RESOURCE_CLAIM
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.service.claim_cache import CLAIMS_PATH, ClaimEntry, slim_claim

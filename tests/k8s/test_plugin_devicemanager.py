@@ -27,7 +27,7 @@ REGISTER_S = 20.0
 
 MINOR = {c["uuid"]: c["minor"] for b in example_devices()["boards"] for c in b["chips"]}
 CONTROL_NODES = example_devices()["controlNodes"]
-CDI_SCHEMA = json.loads((ROOT / "tests" / "plugin" / "data" / "cdi-spec.schema.json").read_text())
+CDI_SCHEMA = json.loads((ROOT / "tests" / "node" / "data" / "cdi-spec.schema.json").read_text())
 
 StartPlugin = Callable[..., tuple[KubeletHarness, PluginProcess]]
 

@@ -821,7 +821,7 @@ def test_a_tenants_volumes_cannot_point_the_linker_cache_hook_at_the_host(releas
     host = TIER_ROOT / f"hook-target-{secrets.token_hex(3)}"
     (host / "lib").mkdir(parents=True)
     library = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libhost.so.1", "-o", str(host / "lib/libhost.so.1")]
-    subprocess.run([*library, str(ROOT / "tests/plugin/fake_ixml.c")], check=True)
+    subprocess.run([*library, str(ROOT / "tests/node/fake_ixml.c")], check=True)
     (host / "host.conf").write_text(f"{host}/lib\n")
     (host / "keep").write_text("the host's\n")
     before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in host.rglob("*") if p.is_file()}

@@ -1,7 +1,7 @@
 """Hostile and malformed kubelet requests: bounded messages, bounded work, and
 GetPreferredAllocation answers that obey the protocol whatever the request holds.
 
-Two layers: the pure rules in :mod:`ix_gpu.plugin.devices.allocation`, and the real
+Two layers: the pure rules in :mod:`ix_gpu.plugin.offer.allocation`, and the real
 :class:`~ix_gpu.plugin.server.servicer.DevicePluginServicer` behind a real gRPC server on a unix
 socket, because the 1 MB-ID failure only shows on the wire (status details travel in HTTP/2 headers,
 and an oversized one turns INVALID_ARGUMENT into RESOURCE_EXHAUSTED at the client).
@@ -31,15 +31,15 @@ from grpclib.server import Server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ix_gpu.plugin.devices.allocation as allocation
+import ix_gpu.plugin.offer.allocation as allocation
 from ix_gpu.config.plugin_config import parse_plugin_config
-from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy, RuntimeConfig
+from ix_gpu.config.plugin_runtime import ReplicaPolicy, RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.node.devices.device_list import Device, DeviceList, build_device_list
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
-from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
+from ix_gpu.plugin.offer.allocation import AllocationError, allocate_container, preferred_allocation
+from ix_gpu.plugin.offer.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from tests.support.chips import chips

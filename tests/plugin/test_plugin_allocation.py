@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ix_gpu.config.plugin_config import parse_plugin_config
-from ix_gpu.devicemodel.plugin_runtime import ReplicaPolicy
+from ix_gpu.config.plugin_runtime import ReplicaPolicy
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.node.devices.device_list import DeviceList, build_device_list
-from ix_gpu.plugin.devices.allocation import AllocationError, allocate_container, preferred_allocation
+from ix_gpu.plugin.offer.allocation import AllocationError, allocate_container, preferred_allocation
 from tests.support.chips import chips
 
 
@@ -59,7 +59,7 @@ def test_replicas_spread_across_gpus_or_pack_onto_busy_ones() -> None:
 
 
 def test_a_bug_falls_back_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ix_gpu.plugin.devices.allocation as allocation
+    import ix_gpu.plugin.offer.allocation as allocation
 
     def broken(*args: object) -> list[str]:
         raise RuntimeError("bug")

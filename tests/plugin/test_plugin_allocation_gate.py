@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from ix_gpu.devicemodel.labels import GPU_ALLOCATION
+from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.node_config import NodeLabelReader
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate, SliceDevices
 from ix_gpu.plugin.server.app import PluginApp
-from ix_gpu.runtime.kube import ApiServer
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.test_plugin_kubelet import plugin_and_kubelet

@@ -14,12 +14,12 @@ import pytest
 
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.devicemodel import labels
+from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.node.node_labels import NodeLabeler
 from ix_gpu.plugin.server.app import PluginApp
 from ix_gpu.plugin.server.settings import PluginSettings
-from ix_gpu.runtime.backoff import Backoff
-from ix_gpu.runtime.kube import ApiServer
+from ix_gpu.process.backoff import Backoff
 from tests.dra.fake_resource_api import RESOURCE, FakeResourceApi, serving
 from tests.plugin.plugin_testkit import FAST_HEALTH, write_config
 from tests.plugin.test_plugin_allocation_gate import DRIVER, NODE, advertised, plugin

@@ -110,8 +110,8 @@ def test_the_plugin_validates_its_config_once_at_start(
     from ix_gpu.cli import build_parser
     from ix_gpu.node import agent, config_loader
     from ix_gpu.plugin import startup
-    from ix_gpu.runtime import json_logging
-    from ix_gpu.runtime.usage import UsageError
+    from ix_gpu.process import json_logging
+    from ix_gpu.process.usage import UsageError
     from tests.support.paths import FAKE_DEVICES
 
     monkeypatch.setattr(json_logging, "configure", lambda level: None)  # keep pytest's log capture

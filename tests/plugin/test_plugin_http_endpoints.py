@@ -22,9 +22,9 @@ import pytest
 import uvloop
 
 from ix_gpu.plugin.server.metrics import PluginMetrics
-from ix_gpu.runtime.agent_http import start_http_server
-from ix_gpu.runtime.guarded_http import HttpLimits
-from ix_gpu.runtime.text_metrics import CONTENT_TYPE
+from ix_gpu.serving.agent_http import start_http_server
+from ix_gpu.serving.guarded_http import HttpLimits
+from ix_gpu.serving.text_metrics import CONTENT_TYPE
 from tests.support.https_client import Answer, closed_by_peer, read_response
 
 LIMITS = HttpLimits(max_connections=4, max_per_address=3, header_timeout=1.0, linger=0.5)

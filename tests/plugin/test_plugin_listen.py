@@ -3,7 +3,7 @@ on ``127.0.0.1`` (one dual-stack socket on ``::``), so the kubelet's probe and P
 on IPv4-only, IPv6-only and dual-stack clusters alike; the log says which families it took.
 
 The fallback to IPv4 where the kernel has no IPv6, and explicit addresses, are in
-tests/test_listen_socket.py (the same function binds every listener)."""
+tests/serving/test_listen_socket.py (the same function binds every listener)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_gpu.plugin.server.metrics import API_CALLS, LOOPS, PluginMetrics
-from ix_gpu.runtime.text_metrics import CONTENT_TYPE, Counter, Gauge, Histogram, format_value
+from ix_gpu.serving.text_metrics import CONTENT_TYPE, Counter, Gauge, Histogram, format_value
 
 Update = Callable[[Any], None]
 """One update, applied to a PluginMetrics or to its prometheus_client twin (same attribute names)."""

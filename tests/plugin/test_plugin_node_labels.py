@@ -17,13 +17,13 @@ import pytest
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.config.webhook_config import default_config
 from ix_gpu.devicemodel import labels
+from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.backends.base import Chip
 from ix_gpu.node.devices.device_list import build_device_list
 from ix_gpu.node.fake_devices_file import fake_backend
 from ix_gpu.node.node_labels import node_labels, prune_node_labels
 from ix_gpu.plugin.server.app import PluginApp
 from ix_gpu.plugin.server.settings import PluginSettings
-from ix_gpu.runtime.kube import ApiServer
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate

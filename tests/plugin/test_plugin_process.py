@@ -183,7 +183,7 @@ def test_the_process_never_imports_grpcio_prometheus_client_or_pydantic(
             maps = Path(f"/proc/{plugin.pid}/maps").read_text()
             assert "cygrpc" not in maps and "grpc/_cython" not in maps
             assert "_pydantic_core" not in maps, "pydantic was imported by the plugin process itself"
-            # No API server to talk to, so no TLS: OpenSSL is 4.5 MiB (ix_gpu.runtime.openssl_free).
+            # No API server to talk to, so no TLS: OpenSSL is 4.5 MiB (ix_gpu.process.openssl_free).
             assert "libcrypto" not in maps, "OpenSSL was loaded by a plugin without cluster access"
             plugin.popen.send_signal(signal.SIGTERM)
             rc = await asyncio.to_thread(plugin.popen.wait, 10)
@@ -195,7 +195,7 @@ def test_the_process_never_imports_grpcio_prometheus_client_or_pydantic(
     rc, log = asyncio.run(scenario())
     assert rc == 0, log
     imported = {line.split("|")[-1].strip() for line in log.splitlines() if line.startswith("import time:")}
-    assert "grpclib.server" in imported and "ix_gpu.runtime.agent_http" in imported, log[-2000:]
+    assert "grpclib.server" in imported and "ix_gpu.serving.agent_http" in imported, log[-2000:]
     heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY)
     assert not heavy, f"the plugin process imported {heavy}"
     # The validation did run, in the children.

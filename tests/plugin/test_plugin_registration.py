@@ -19,7 +19,7 @@ from ix_gpu.devicemodel.vendors import ILUVATAR
 from ix_gpu.node.devices.device_list import build_device_list
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
+from ix_gpu.plugin.offer.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.registration import KUBELET_SOCKET, RegisterFailed, Registrar
 from ix_gpu.plugin.server.servicer import DevicePluginServicer

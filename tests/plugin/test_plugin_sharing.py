@@ -9,11 +9,11 @@ import grpc
 import pytest
 
 from ix_gpu.config.plugin_config import parse_plugin_config
-from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
+from ix_gpu.config.plugin_runtime import RuntimeConfig
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA
 from ix_gpu.node.devices.device_list import build_device_list
 from ix_gpu.node.devices.sharing import SharingPlan, plan_sharing
-from ix_gpu.plugin.devices.allocation import REPLICA_DEVICES_ENV, AllocationError, allocate_container
+from ix_gpu.plugin.offer.allocation import REPLICA_DEVICES_ENV, AllocationError, allocate_container
 from tests.plugin.plugin_testkit import FAST_HEALTH
 from tests.plugin.test_plugin_kubelet import UUID, allocate, plugin_and_kubelet, run
 from tests.support.chips import chips

@@ -1,7 +1,7 @@
 """``ix-gpu webhook --host ::`` (what the chart passes by default): the HTTPS port and the plain-HTTP
 probe port both answer on ``::1`` and on ``127.0.0.1``.
 
-The webhook binds its sockets itself (:func:`ix_gpu.runtime.guarded_http.listen_socket`) and hands
+The webhook binds its sockets itself (:func:`ix_gpu.serving.guarded_http.listen_socket`) and hands
 them to uvicorn, so dual-stack rests on IPV6_V6ONLY being off on that socket, not on uvicorn's
 handling of a ``::`` host; this is the test of that, with real reviews over TLS, certificates
 verified by IP on both families. An explicit IPv4 ``--host`` (the suites' 127.0.0.1) stays IPv4 only.

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from ix_gpu.config.schema_base import parse_yaml
 from ix_gpu.config.webhook_config import WebhookConfig, default_config
-from ix_gpu.webhook.service.certificates import CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE, issue_serving_cert
+from ix_gpu.webhook.certs.authority import CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE, issue_serving_cert
 from tests.service.conftest import FAST
 from tests.support.files import write_atomic
 from tests.support.objects import pod, review

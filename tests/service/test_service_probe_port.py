@@ -2,7 +2,7 @@
 
 The answers are the HTTPS port's (same status and JSON); nothing else is served there (``/mutate``
 and ``/metrics`` are 404); ``HEAD`` has no body; and a port already taken is a one-line start-up
-error. The probe port's limits are :mod:`ix_gpu.runtime.guarded_http`'s, tested with the plugin's
+error. The probe port's limits are :mod:`ix_gpu.serving.guarded_http`'s, tested with the plugin's
 endpoint (tests/plugin/test_plugin_http_endpoints.py, on uvloop as here); its use under squatting
 is in test_service_squatting.py.
 """

@@ -1,5 +1,5 @@
 """Clients holding the webhook's connections must not lock anyone out (the connection cap's policy,
-:mod:`ix_gpu.runtime.connection_slots`), against the real ``ix-gpu webhook`` with its default caps.
+:mod:`ix_gpu.serving.connection_slots`), against the real ``ix-gpu webhook`` with its default caps.
 
 The squatter of the issue: 128 keep-alive TLS connections (the default ``--max-connections``), one
 tiny request on each every 20 s, the first at once; here every 2 s, ten times as busy, and every

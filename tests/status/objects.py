@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ix_gpu.runtime.text_metrics import Gauge, labels_text
+from ix_gpu.serving.text_metrics import Gauge, labels_text
 
 RESOURCE, DRIVER = "iluvatar.com/gpu", "gpu.iluvatar.com"
 CHIP_LABELS = ("node", "uuid", "index", "board", "product")

@@ -1,5 +1,5 @@
 """Hostile image roots for the CDI linker-cache hook, and what runs the hook over them as the node's
-runtime does: shared by ``tests/plugin/test_ldcache_hook.py`` and ``bench/adversarial_node.py``.
+runtime does: shared by ``tests/node/test_ldcache_hook.py`` and ``bench/adversarial_node.py``.
 
 Each hostile root is the benign bundle's root (:func:`make_bundle`) changed by one builder of
 :data:`HOSTILE`, aimed at a host directory through ``/proc/1/root<dir>``: where procfs is mounted in
@@ -21,7 +21,7 @@ from pathlib import Path
 from ix_gpu.node.devices.ldcache_hook import ldcache_hook
 from tests.support.paths import ROOT
 
-FAKE_IXML = ROOT / "tests/plugin/fake_ixml.c"
+FAKE_IXML = ROOT / "tests/node/fake_ixml.c"
 LIBRARY_DIR = "/usr/local/corex/lib64"
 
 

@@ -1,4 +1,4 @@
-"""Module-level work for tests/test_isolated.py: ``call_isolated`` names a function by module and
+"""Module-level work for tests/process/test_isolated.py: ``call_isolated`` names a function by module and
 qualified name, which the child imports."""
 
 from __future__ import annotations

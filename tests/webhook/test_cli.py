@@ -13,7 +13,7 @@ import yaml
 from cryptography import x509
 
 from ix_gpu.config.webhook_config import json_schema
-from ix_gpu.webhook.service.certificates import serving_cert_sans
+from ix_gpu.webhook.certs.authority import serving_cert_sans
 from tests.support.cli import ix_gpu
 from tests.support.paths import EXAMPLES
 

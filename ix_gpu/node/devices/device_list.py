@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ix_gpu.devicemodel.plugin_runtime import DeviceSelection
+from ix_gpu.config.plugin_runtime import DeviceSelection
 from ix_gpu.node.backends.base import Chip
 
 REPLICA_SEPARATOR = "::"

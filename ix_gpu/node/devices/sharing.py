@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ix_gpu.devicemodel.plugin_runtime import SHARED_SUFFIX, DeviceSelection, RuntimeConfig, qualify
+from ix_gpu.config.plugin_runtime import SHARED_SUFFIX, DeviceSelection, RuntimeConfig, qualify
 
 ENTRIES_KEY = "sharing.timeSlicing.resources"
 REPLICAS_KEY = "sharing.timeSlicing.replicas"

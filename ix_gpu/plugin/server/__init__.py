@@ -1,6 +1,6 @@
 """The plugin process: gRPC serving, kubelet registration and everything that runs on its loop.
 
-The servicer adapts protobuf to :mod:`ix_gpu.plugin.devices`; the registrar serves before it
+The servicer adapts protobuf to :mod:`ix_gpu.plugin.offer`; the registrar serves before it
 registers and re-registers when the kubelet restarts; ``app`` wires the backend, health loop, node
 labels and HTTP endpoint together. Nothing here knows libixml or NVML.
 

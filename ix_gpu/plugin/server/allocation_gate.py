@@ -1,4 +1,4 @@
-"""Whether the device plugin may advertise this node's GPUs now (:mod:`ix_gpu.devicemodel.allocation`).
+"""Whether the device plugin may advertise this node's GPUs now (:mod:`ix_gpu.node.allocator`).
 
 The node is read through the same :class:`NodeLabelReader` watch as the per-node config; the DRA
 driver's ResourceSlices of this node are watched too (:class:`SliceDevices`), so a quiet cluster
@@ -23,13 +23,13 @@ import urllib.error
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ix_gpu.devicemodel.allocation import Verdict, device_plugin_verdict
-from ix_gpu.runtime.list_watch import ApiGone, ApiListWatch
-from ix_gpu.runtime.watched_cache import WatchedCache
+from ix_gpu.kube.list_watch import ApiGone, ApiListWatch
+from ix_gpu.kube.watched_cache import WatchedCache
+from ix_gpu.node.allocator import Verdict, device_plugin_verdict
 
 if TYPE_CHECKING:
+    from ix_gpu.kube.apiserver import ApiServer
     from ix_gpu.node.node_config import NodeLabelReader
-    from ix_gpu.runtime.kube import ApiServer
 
 log = logging.getLogger(__name__)
 

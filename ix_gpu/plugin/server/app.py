@@ -4,7 +4,7 @@ Everything here is driven by one asyncio loop in one process ("lightweight": no 
 The health loop is also where the config file and the fake devices file are re-read, by content,
 because ConfigMap volumes update by symlink swap and send no useful file events.
 
-The health loop and the registrar are supervised (:mod:`ix_gpu.runtime.supervision`): an
+The health loop and the registrar are supervised (:mod:`ix_gpu.process.supervision`): an
 unexpected exception in either is logged with its traceback, counted in
 ``ix_gpu_plugin_loop_crashes_total`` and the loop restarted after a backoff; the process keeps its
 kubelet connection meanwhile, and ``/healthz`` fails while a loop is down.
@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ix_gpu.config.input_files import ConfigError
-from ix_gpu.devicemodel.plugin_runtime import DeviceListStrategy, RuntimeConfig
+from ix_gpu.config.plugin_runtime import DeviceListStrategy, RuntimeConfig
 from ix_gpu.node.attribution import holders_by_chip
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
 from ix_gpu.node.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
@@ -34,14 +34,14 @@ from ix_gpu.node.node_config import (
 )
 from ix_gpu.node.node_labels import NodeLabeler, node_labels
 from ix_gpu.node.telemetry import Telemetry
-from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
+from ix_gpu.plugin.offer.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
 from ix_gpu.plugin.server.config_follower import ConfigFollower
 from ix_gpu.plugin.server.metrics import PluginMetrics, telemetry_lines
 from ix_gpu.plugin.server.pod_resources import PodResourcesReader
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.plugin.server.settings import PluginSettings
-from ix_gpu.runtime.supervision import Supervised, supervise
+from ix_gpu.process.supervision import Supervised, supervise
 
 if TYPE_CHECKING:
     pass
@@ -374,7 +374,7 @@ class PluginApp:
         self.ready.set()
         http_server = None
         if self.settings.metrics_port is not None:
-            from ix_gpu.runtime.agent_http import address_text, start_http_server
+            from ix_gpu.serving.agent_http import address_text, start_http_server
 
             address = address_text(self.settings.metrics_host, self.settings.metrics_port)
             try:

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ix_gpu.devicemodel.plugin_runtime import RuntimeConfig
+from ix_gpu.config.plugin_runtime import RuntimeConfig
 from ix_gpu.node.config_loader import load_runtime_config
 from ix_gpu.node.node_config import Choice, NodeLabelReader, choose, named_configs
-from ix_gpu.runtime.outcomes import ERROR
-from ix_gpu.runtime.reload import LastGoodFiles
+from ix_gpu.process.outcomes import ERROR
+from ix_gpu.process.reload import LastGoodFiles
 
 log = logging.getLogger("ix_gpu.plugin.server.app")
 

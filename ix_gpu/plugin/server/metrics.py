@@ -1,4 +1,4 @@
-"""The device plugin's Prometheus metrics, written by :mod:`ix_gpu.runtime.text_metrics` (why not
+"""The device plugin's Prometheus metrics, written by :mod:`ix_gpu.serving.text_metrics` (why not
 prometheus_client: that module's doc), and the chips' telemetry series beside them.
 """
 
@@ -9,8 +9,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from ix_gpu.node.attribution import Holder
 from ix_gpu.node.backends.base import IXML_HEALTH_BITS
 from ix_gpu.node.telemetry import FIGURES, HEALTH_MASK, LABELS, ChipTelemetry, chip_labels
-from ix_gpu.plugin.devices.device_state import HEALTHY, UNHEALTHY
-from ix_gpu.runtime.text_metrics import (
+from ix_gpu.plugin.offer.device_state import HEALTHY, UNHEALTHY
+from ix_gpu.serving.text_metrics import (
     Counter,
     Family,
     Gauge,

@@ -33,7 +33,7 @@ from ix_gpu.plugin.api.deviceplugin_v1beta1_grpc import RegistrationStub
 from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.plugin.server.servicer import OPTIONS, DevicePluginServicer
 from ix_gpu.plugin.server.socket_watch import SocketWatch
-from ix_gpu.runtime.outcomes import ERROR, SUCCESS
+from ix_gpu.process.outcomes import ERROR, SUCCESS
 
 log = logging.getLogger(__name__)
 

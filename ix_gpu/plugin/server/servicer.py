@@ -1,7 +1,7 @@
-"""The DevicePlugin gRPC service: a thin adapter from protobuf to :mod:`ix_gpu.plugin.devices.allocation`.
+"""The DevicePlugin gRPC service: a thin adapter from protobuf to :mod:`ix_gpu.plugin.offer.allocation`.
 
 It knows nothing about libixml or NVML, only the current
-:class:`~ix_gpu.plugin.devices.device_state.Snapshot`.
+:class:`~ix_gpu.plugin.offer.device_state.Snapshot`.
 
 Served with grpclib (pure asyncio over h2) rather than grpcio: grpcio's C core costs the process
 about 9 MiB more, and the kubelet's grpc-go client is the only one that calls us. Each call is
@@ -21,16 +21,16 @@ from grpclib.exceptions import GRPCError
 
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api.deviceplugin_v1beta1_grpc import DevicePluginBase
-from ix_gpu.plugin.devices.allocation import (
+from ix_gpu.plugin.offer.allocation import (
     AllocationError,
     allocate_container,
     check_container_count,
     clip,
     preferred_allocation,
 )
-from ix_gpu.plugin.devices.device_state import DeviceState, Snapshot
+from ix_gpu.plugin.offer.device_state import DeviceState, Snapshot
 from ix_gpu.plugin.server.metrics import PluginMetrics
-from ix_gpu.runtime.outcomes import ERROR, SUCCESS
+from ix_gpu.process.outcomes import ERROR, SUCCESS
 
 if TYPE_CHECKING:
     from grpclib.server import Stream
@@ -44,7 +44,7 @@ MAX_STATUS_DETAILS = 1024
 """Longest status message the plugin sends. Details travel in HTTP/2 headers that gRPC clients cap
 (16 KiB in C-core, the kubelet's Go client similar); a longer one is not delivered at all, and the
 kubelet sees RESOURCE_EXHAUSTED instead of the INVALID_ARGUMENT and the reason. Messages from
-:mod:`~ix_gpu.plugin.devices.allocation` are already short; this bound holds whatever they become."""
+:mod:`~ix_gpu.plugin.offer.allocation` are already short; this bound holds whatever they become."""
 
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 """What GetDevicePluginOptions answers, and what Register announces."""

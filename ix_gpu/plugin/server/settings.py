@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ix_gpu.kube.apiserver import ApiServer
     from ix_gpu.node.node_config import NodeLabelReader
     from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
-    from ix_gpu.runtime.kube import ApiServer
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class PluginSettings:
     config_path: Path | None = None
     """Re-read on every health check; ``None`` runs on the defaults."""
     metrics_port: int | None = None
-    metrics_host: str = "::"  # both IP families: ix_gpu.runtime.guarded_http.listen_socket
+    metrics_host: str = "::"  # both IP families: ix_gpu.serving.guarded_http.listen_socket
     node_name: str | None = None
     api_server: ApiServer | None = None
     """Where to publish node labels (``labels.enabled``); ``None`` outside a cluster."""

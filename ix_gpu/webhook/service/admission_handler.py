@@ -21,7 +21,7 @@ from typing import Any
 
 from ix_gpu.config.text import one_line
 from ix_gpu.config.webhook_config import NamespaceLookupFailure
-from ix_gpu.runtime.json_logging import info_line
+from ix_gpu.process.json_logging import info_line
 from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import Decision, MutationResult, NamespaceFacts, denied

@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from ix_gpu.runtime.kube import ApiServer
-from ix_gpu.runtime.list_watch import ApiListWatch, ListWatchApi
-from ix_gpu.runtime.watched_cache import WatchedCache
+from ix_gpu.kube.apiserver import ApiServer
+from ix_gpu.kube.list_watch import ApiListWatch, ListWatchApi
+from ix_gpu.kube.watched_cache import WatchedCache
 from ix_gpu.webhook.core.claims import (
     RESOURCE_CLAIM,
     RESOURCE_CLAIM_TEMPLATE,

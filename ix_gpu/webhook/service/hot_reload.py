@@ -1,7 +1,7 @@
 """Hot reload of the serving certificate and the webhook config, without a restart.
 
 The mechanism (poll by content digest, keep the last good value, parse off the event loop) is
-:mod:`ix_gpu.runtime.reload`; this module applies its results to the running service.
+:mod:`ix_gpu.process.reload`; this module applies its results to the running service.
 
 A bad new file never replaces a good live one: the last good certificate keeps being served and
 the last good config keeps deciding, the error is logged once per distinct content (field named),
@@ -22,10 +22,10 @@ from cryptography import x509
 from ix_gpu.config.schema_base import parse_yaml
 from ix_gpu.config.text import one_line
 from ix_gpu.config.webhook_config import WebhookConfig
-from ix_gpu.runtime.reload import LastGoodFiles
+from ix_gpu.process.reload import LastGoodFiles
+from ix_gpu.webhook.certs.tls_context import check_pair, load_pem_pair
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.metrics import ServiceMetrics
-from ix_gpu.webhook.service.tls_context import check_pair, load_pem_pair
 
 log = logging.getLogger("ix_gpu.reload")
 

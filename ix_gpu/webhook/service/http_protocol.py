@@ -2,8 +2,8 @@
 and time limits (:mod:`.limits` says why each), and ``/mutate`` served by :mod:`.mutate_exchange`
 without uvicorn's request cycle.
 
-(uvicorn is imported inside :func:`guarded_protocol`, not at the top: the CLI reads
-:class:`.limits.Limits` for ``--help`` and must not pay for uvicorn's import.)
+(The CLI never imports this module: :mod:`.server` does, when the webhook starts; so uvicorn's
+protocol is imported at the top.)
 """
 
 from __future__ import annotations
@@ -12,9 +12,250 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ix_gpu.runtime.connection_slots import ConnectionSlots
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ix_gpu.serving.connection_slots import ConnectionSlots
 from ix_gpu.webhook.service.limits import FREED_MEMORY, Limits
 from ix_gpu.webhook.service.mutate_exchange import MutateExchange, MutateLane
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """One HTTPS connection: admitted to a slot or refused, its request heads held to the size and
+    time limits, ``/mutate`` answered by a :class:`MutateExchange` and every other path by uvicorn's
+    request cycle. What it is bound by is set per server by :func:`guarded_protocol`."""
+
+    _limits: Limits
+    _lane: MutateLane
+    _slots: ConnectionSlots
+    _on_refused: Callable[[str], None]
+    _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0
+    _in_headers = True
+    _head_begun = False
+    """A request's first byte came and its head is not complete yet."""
+    _served_in_read = False
+    """A review was answered (or begun) in the current read: later ones in it are queued."""
+    _over = False
+    """This request's headers went past the limit: stop keeping them, answer 431."""
+
+    # The slot's state follows the requests: idle (evictable) from the connection's start, from
+    # the end of each answer and while a request's headers arrive (not the server's work yet);
+    # busy from complete headers to the end of the answer; closing once nothing more will be
+    # served on it (a TLS shutdown can wait on the client for a while).
+    def connection_made(self, transport: Any) -> None:
+        peer = transport.get_extra_info("peername")
+        refusal = self._slots.admit(self, str(peer[0]) if peer else "")
+        if refusal is not None:
+            self._on_refused(refusal)
+            transport.abort()
+            return
+        super().connection_made(transport)
+        # The TLS layer buffers up to 256 KiB of ciphertext per connection before it stops
+        # reading the socket; with hundreds of connections streaming bodies that is most of
+        # the process's memory. Past 64 KiB the kernel's socket buffer holds the rest.
+        if hasattr(transport, "set_read_buffer_limits"):
+            transport.set_read_buffer_limits(high=self._limits.tls_read_buffer_bytes)
+        self._arm_header_timer()
+
+    def evict(self) -> None:
+        """Idle, so nobody waits for an answer; aborted rather than closed, so that its memory
+        goes now and not after a TLS shutdown the client may never complete."""
+        self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        FREED_MEMORY.note()
+        self._slots.release(self)
+        self._disarm_header_timer()
+        if self.transport is None:  # refused in connection_made: nothing of uvicorn's to undo
+            return
+        # Exchanges are told here; uvicorn's own handling below only knows request cycles.
+        for cycle in {self.cycle, *(cycle for cycle, _app in self.pipeline)}:
+            if isinstance(cycle, MutateExchange):
+                cycle.lost()
+        if isinstance(self.cycle, MutateExchange):
+            self.cycle = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._served_in_read = False
+        super().data_received(data)
+        # Headers still incomplete after this read but already over the limit: no need to wait
+        # for the rest (the parser callbacks below stopped keeping them).
+        if self._over and self._in_headers and not self.transport.is_closing():
+            self._refuse_headers()
+            return
+        # A head begun in this read and still incomplete gets its timer now, not at its first
+        # byte: the usual request comes whole in one read and never sets one.
+        if self._head_begun and self._header_timer is None and not self.transport.is_closing():
+            self._arm_header_timer()
+        if isinstance(self.cycle, MutateExchange):
+            self.cycle.waiting()
+
+    # Header bytes are counted in the parser's callbacks, whatever the reads look like: one
+    # read may hold a whole request (or several), and a request may start mid-read.
+    def on_message_begin(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:  # not a pipelined request
+            self._slots.active(self)
+        # uvicorn's own begins the ASGI scope here; a /mutate exchange needs none, so the scope
+        # is made at complete headers, for the other paths only (:meth:`on_headers_complete`).
+        self.url, self.headers, self.expect_100_continue = b"", [], False
+        self._in_headers, self._header_bytes, self._over = True, 0, False
+        self._head_begun = True
+
+    def on_url(self, url: bytes) -> None:
+        if not self._count(len(url)):
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._count(len(name) + len(value) + 4):
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = self._head_begun = False
+        self._disarm_header_timer()
+        if self._over:
+            self._refuse_headers()
+            return
+        self._slots.busy(self)
+        if self._lane.serves(self.url) and not self.parser.should_upgrade():
+            self._begin_exchange(self._lane)
+            return
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        HttpToolsProtocol.on_message_begin(self)  # the scope, which resets what it refers to
+        self.url, self.headers, self.expect_100_continue = url, headers, expect
+        self.scope["headers"] = headers
+        super().on_headers_complete()
+
+    def _begin_exchange(self, lane: MutateLane) -> None:
+        """A ``/mutate`` request: answered now, or queued behind the connection's unanswered
+        requests exactly as uvicorn queues its cycles (:meth:`_start_asgi_task` starts it)."""
+        parser = self.parser
+        exchange = MutateExchange(
+            lane,
+            self,
+            parser.get_method(),
+            self.headers,
+            keep_alive=parser.get_http_version() != "1.0" and parser.should_keep_alive(),
+            expect_continue=self.expect_100_continue,
+        )
+        existing = self.cycle
+        self.cycle = exchange  # type: ignore[assignment]
+        idle = existing is None or existing.response_complete
+        if idle and not self._served_in_read:
+            self._served_in_read = True
+            exchange.start(True)
+            return
+        # Behind an unanswered request, or behind one answered in this same read: queued, so
+        # that one read of pipelined requests costs the loop one review at a time. (The answer
+        # before it armed the keep-alive timeout, which must not close a connection that has a
+        # request to serve.)
+        self._unset_keepalive_if_required()
+        self.flow.pause_reading()
+        self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
+        if idle:  # nothing is left to answer before it that would start it
+            self.loop.call_soon(self._serve_queued)
+
+    def _serve_queued(self) -> None:
+        """Start the request queued behind one answered in the same read, as uvicorn starts a
+        queued cycle once the one before it is answered: reading resumes (its body may still be
+        on the way), then the request starts. Nothing else starts it: everything parsed after it
+        queued behind it."""
+        if self.pipeline and not self.transport.is_closing():
+            self.flow.resume_reading()
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if isinstance(cycle, MutateExchange):
+            # The next turn of the loop, not here: here is inside the previous answer, and a
+            # queue of small reviews would otherwise recurse through one another's answers.
+            self.loop.call_soon(cycle.start, False)
+        else:
+            super()._start_asgi_task(cycle, app)
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        """uvicorn's headers for every answer (``date``, refreshed each second by its server)."""
+        return self.server_state.default_headers
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """An exchange's answer that has to wait: graceful shutdown waits for it, as for a cycle."""
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def on_body(self, body: bytes) -> None:
+        if self._over:
+            return
+        if isinstance(self.cycle, MutateExchange):
+            self.cycle.body(body)
+        else:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._over:
+            return
+        if isinstance(self.cycle, MutateExchange):
+            self.cycle.complete()
+        else:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing():
+            self._slots.closing(self)
+            # Answered and closing (a refusal, often before the body was read): what the
+            # client still sends is not wanted, so stop decrypting it into memory.
+            self.transport.pause_reading()
+        elif self.timeout_keep_alive_task is not None:  # else a pipelined request is served
+            self._slots.idle(self)
+        # The next request's headers count from their first byte; until then uvicorn's
+        # keep-alive timeout governs the idle connection.
+        self._in_headers = True
+        self._header_bytes = 0
+
+    def _count(self, size: int) -> bool:
+        """Add header bytes; True when over the limit (the bytes are then not kept)."""
+        self._header_bytes += size
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._over = True
+        return self._over
+
+    def _refuse_headers(self) -> None:
+        if not self.transport.is_closing():
+            self._on_refused("header_size")
+            self._refuse(b"431 Request Header Fields Too Large")
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self._limits.header_timeout, self._header_too_slow)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_too_slow(self) -> None:
+        self._header_timer = None
+        if self._in_headers and not self.transport.is_closing():
+            self._on_refused("header_timeout")
+            self._refuse(b"408 Request Timeout")
+
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._slots.closing(self)
+
+    def send_400_response(self, msg: str) -> None:
+        super().send_400_response(msg)
+        self._slots.closing(self)
+
+    def _refuse(self, status: bytes) -> None:
+        self._disarm_header_timer()
+        self._slots.closing(self)
+        body = b'{"error":"' + status.split(b" ", 1)[1] + b'"}'
+        self.transport.write(
+            b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.transport.close()
 
 
 def guarded_protocol(
@@ -23,245 +264,13 @@ def guarded_protocol(
     on_refused: Callable[[str], None],
     on_evicted: Callable[[], None],
 ) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with a connection cap and header size and time limits, and
-    ``/mutate`` answered by ``lane``; every other path goes to the ASGI app."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
+    """The connection class for one server: :class:`GuardedHttpToolsProtocol` bound to ``limits``,
+    the ``/mutate`` ``lane``, and one set of connection slots that all its connections share."""
     slots = ConnectionSlots(
         limits.max_connections,
         limits.max_connections_per_address,
         limits.keep_idle_per_address,
         on_evict=on_evicted,
     )
-
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
-        _header_bytes = 0
-        _in_headers = True
-        _head_begun = False
-        """A request's first byte came and its head is not complete yet."""
-        _served_in_read = False
-        """A review was answered (or begun) in the current read: later ones in it are queued."""
-        _over = False
-        """This request's headers went past the limit: stop keeping them, answer 431."""
-
-        # The slot's state follows the requests: idle (evictable) from the connection's start, from
-        # the end of each answer and while a request's headers arrive (not the server's work yet);
-        # busy from complete headers to the end of the answer; closing once nothing more will be
-        # served on it (a TLS shutdown can wait on the client for a while).
-        def connection_made(self, transport: Any) -> None:
-            peer = transport.get_extra_info("peername")
-            refusal = slots.admit(self, str(peer[0]) if peer else "")
-            if refusal is not None:
-                on_refused(refusal)
-                transport.abort()
-                return
-            super().connection_made(transport)
-            # The TLS layer buffers up to 256 KiB of ciphertext per connection before it stops
-            # reading the socket; with hundreds of connections streaming bodies that is most of
-            # the process's memory. Past 64 KiB the kernel's socket buffer holds the rest.
-            if hasattr(transport, "set_read_buffer_limits"):
-                transport.set_read_buffer_limits(high=limits.tls_read_buffer_bytes)
-            self._arm_header_timer()
-
-        def evict(self) -> None:
-            """Idle, so nobody waits for an answer; aborted rather than closed, so that its memory
-            goes now and not after a TLS shutdown the client may never complete."""
-            self.transport.abort()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            FREED_MEMORY.note()
-            slots.release(self)
-            self._disarm_header_timer()
-            if self.transport is None:  # refused in connection_made: nothing of uvicorn's to undo
-                return
-            # Exchanges are told here; uvicorn's own handling below only knows request cycles.
-            for cycle in {self.cycle, *(cycle for cycle, _app in self.pipeline)}:
-                if isinstance(cycle, MutateExchange):
-                    cycle.lost()
-            if isinstance(self.cycle, MutateExchange):
-                self.cycle = None
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self._served_in_read = False
-            super().data_received(data)
-            # Headers still incomplete after this read but already over the limit: no need to wait
-            # for the rest (the parser callbacks below stopped keeping them).
-            if self._over and self._in_headers and not self.transport.is_closing():
-                self._refuse_headers()
-                return
-            # A head begun in this read and still incomplete gets its timer now, not at its first
-            # byte: the usual request comes whole in one read and never sets one.
-            if self._head_begun and self._header_timer is None and not self.transport.is_closing():
-                self._arm_header_timer()
-            if isinstance(self.cycle, MutateExchange):
-                self.cycle.waiting()
-
-        # Header bytes are counted in the parser's callbacks, whatever the reads look like: one
-        # read may hold a whole request (or several), and a request may start mid-read.
-        def on_message_begin(self) -> None:
-            if self.cycle is None or self.cycle.response_complete:  # not a pipelined request
-                slots.active(self)
-            # uvicorn's own begins the ASGI scope here; a /mutate exchange needs none, so the scope
-            # is made at complete headers, for the other paths only (:meth:`on_headers_complete`).
-            self.url, self.headers, self.expect_100_continue = b"", [], False
-            self._in_headers, self._header_bytes, self._over = True, 0, False
-            self._head_begun = True
-
-        def on_url(self, url: bytes) -> None:
-            if not self._count(len(url)):
-                super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            if not self._count(len(name) + len(value) + 4):
-                super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._in_headers = self._head_begun = False
-            self._disarm_header_timer()
-            if self._over:
-                self._refuse_headers()
-                return
-            slots.busy(self)
-            if lane.serves(self.url) and not self.parser.should_upgrade():
-                self._begin_exchange(lane)
-                return
-            url, headers, expect = self.url, self.headers, self.expect_100_continue
-            HttpToolsProtocol.on_message_begin(self)  # the scope, which resets what it refers to
-            self.url, self.headers, self.expect_100_continue = url, headers, expect
-            self.scope["headers"] = headers
-            super().on_headers_complete()
-
-        def _begin_exchange(self, lane: MutateLane) -> None:
-            """A ``/mutate`` request: answered now, or queued behind the connection's unanswered
-            requests exactly as uvicorn queues its cycles (:meth:`_start_asgi_task` starts it)."""
-            parser = self.parser
-            exchange = MutateExchange(
-                lane,
-                self,
-                parser.get_method(),
-                self.headers,
-                keep_alive=parser.get_http_version() != "1.0" and parser.should_keep_alive(),
-                expect_continue=self.expect_100_continue,
-            )
-            existing = self.cycle
-            self.cycle = exchange  # type: ignore[assignment]
-            idle = existing is None or existing.response_complete
-            if idle and not self._served_in_read:
-                self._served_in_read = True
-                exchange.start(True)
-                return
-            # Behind an unanswered request, or behind one answered in this same read: queued, so
-            # that one read of pipelined requests costs the loop one review at a time. (The answer
-            # before it armed the keep-alive timeout, which must not close a connection that has a
-            # request to serve.)
-            self._unset_keepalive_if_required()
-            self.flow.pause_reading()
-            self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
-            if idle:  # nothing is left to answer before it that would start it
-                self.loop.call_soon(self._serve_queued)
-
-        def _serve_queued(self) -> None:
-            """Start the request queued behind one answered in the same read, as uvicorn starts a
-            queued cycle once the one before it is answered: reading resumes (its body may still be
-            on the way), then the request starts. Nothing else starts it: everything parsed after it
-            queued behind it."""
-            if self.pipeline and not self.transport.is_closing():
-                self.flow.resume_reading()
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
-
-        def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-            if isinstance(cycle, MutateExchange):
-                # The next turn of the loop, not here: here is inside the previous answer, and a
-                # queue of small reviews would otherwise recurse through one another's answers.
-                self.loop.call_soon(cycle.start, False)
-            else:
-                super()._start_asgi_task(cycle, app)
-
-        @property
-        def default_headers(self) -> list[tuple[bytes, bytes]]:
-            """uvicorn's headers for every answer (``date``, refreshed each second by its server)."""
-            return self.server_state.default_headers
-
-        def track(self, task: asyncio.Task[None]) -> None:
-            """An exchange's answer that has to wait: graceful shutdown waits for it, as for a cycle."""
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-        def on_body(self, body: bytes) -> None:
-            if self._over:
-                return
-            if isinstance(self.cycle, MutateExchange):
-                self.cycle.body(body)
-            else:
-                super().on_body(body)
-
-        def on_message_complete(self) -> None:
-            if self._over:
-                return
-            if isinstance(self.cycle, MutateExchange):
-                self.cycle.complete()
-            else:
-                super().on_message_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if self.transport.is_closing():
-                slots.closing(self)
-                # Answered and closing (a refusal, often before the body was read): what the
-                # client still sends is not wanted, so stop decrypting it into memory.
-                self.transport.pause_reading()
-            elif self.timeout_keep_alive_task is not None:  # else a pipelined request is served
-                slots.idle(self)
-            # The next request's headers count from their first byte; until then uvicorn's
-            # keep-alive timeout governs the idle connection.
-            self._in_headers = True
-            self._header_bytes = 0
-
-        def _count(self, size: int) -> bool:
-            """Add header bytes; True when over the limit (the bytes are then not kept)."""
-            self._header_bytes += size
-            if self._header_bytes > limits.max_header_bytes:
-                self._over = True
-            return self._over
-
-        def _refuse_headers(self) -> None:
-            if not self.transport.is_closing():
-                on_refused("header_size")
-                self._refuse(b"431 Request Header Fields Too Large")
-
-        def _arm_header_timer(self) -> None:
-            self._header_timer = self.loop.call_later(limits.header_timeout, self._header_too_slow)
-
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _header_too_slow(self) -> None:
-            self._header_timer = None
-            if self._in_headers and not self.transport.is_closing():
-                on_refused("header_timeout")
-                self._refuse(b"408 Request Timeout")
-
-        def timeout_keep_alive_handler(self) -> None:
-            super().timeout_keep_alive_handler()
-            slots.closing(self)
-
-        def send_400_response(self, msg: str) -> None:
-            super().send_400_response(msg)
-            slots.closing(self)
-
-        def _refuse(self, status: bytes) -> None:
-            self._disarm_header_timer()
-            slots.closing(self)
-            body = b'{"error":"' + status.split(b" ", 1)[1] + b'"}'
-            self.transport.write(
-                b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-            )
-            self.transport.close()
-
-    return GuardedHttpToolsProtocol
+    bound = {"_limits": limits, "_lane": lane, "_slots": slots, "_on_refused": staticmethod(on_refused)}
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), bound)

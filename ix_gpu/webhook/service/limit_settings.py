@@ -15,7 +15,7 @@ class Limits:
     max_connections_per_address: int = 64
     keep_idle_per_address: int = 8
     """At a cap, each address keeps this many of its most recently used idle keep-alive
-    connections; older idle ones may be closed to make room (:mod:`ix_gpu.runtime.connection_slots`).
+    connections; older idle ones may be closed to make room (:mod:`ix_gpu.serving.connection_slots`).
     The apiserver's Go transport reuses its most recently used connection first."""
     header_timeout: float = 10.0
     max_header_bytes: int = 64 << 10

@@ -10,7 +10,7 @@ so one careless or hostile client must not be able to stall or bloat it:
   is idle is the newcomer closed as soon as it is made (after the TLS handshake, which asyncio
   bounds at 60 s). Refusing every newcomer at the cap let one client that kept 128 connections
   with a request on each every 20 s lock out the apiserver and the kubelet's probes
-  (:mod:`ix_gpu.runtime.connection_slots`). Idle keep-alive connections are also closed by uvicorn
+  (:mod:`ix_gpu.serving.connection_slots`). Idle keep-alive connections are also closed by uvicorn
   after its keep-alive timeout. (Enforced by the connection's protocol, :mod:`.http_protocol`.)
 - **Headers** must be complete within ``header_timeout`` seconds of the connection (or of the
   request's first byte) and within ``max_header_bytes``: uvicorn bounds neither, so a client

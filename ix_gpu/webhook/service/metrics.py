@@ -16,7 +16,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ix_gpu.runtime.outcomes import ERROR, SUCCESS
+from ix_gpu.process.outcomes import ERROR, SUCCESS
 
 RESULTS = ("mutated", "unchanged", "skipped", "denied", "error")
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")

@@ -10,7 +10,7 @@ apiserver's own timeout for the webhook (``--namespace-lookup-budget``): a names
 the API server restarts is then read by a later try, where one try of 2 s had the GPU pod admitted
 untouched (docs/design.md, "A namespace the webhook cannot read yet").
 
-The list and watch are :mod:`ix_gpu.runtime.list_watch`'s, metadata only and in pages, each
+The list and watch are :mod:`ix_gpu.kube.list_watch`'s, metadata only and in pages, each
 Namespace made its :class:`NamespaceFacts` as its page is parsed. The cache runs in one daemon
 thread; readers on the event loop only do ``dict.get`` (atomic under the GIL).
 """
@@ -31,15 +31,15 @@ import orjson
 
 from ix_gpu.config.text import one_line
 from ix_gpu.devicemodel import labels
-from ix_gpu.runtime.kube import ApiServer
-from ix_gpu.runtime.kubeconfig import read_kubeconfig
-from ix_gpu.runtime.list_watch import (
+from ix_gpu.kube.apiserver import ApiServer
+from ix_gpu.kube.kubeconfig import read_kubeconfig
+from ix_gpu.kube.list_watch import (
     PAGE_SIZE,
     PARTIAL_METADATA,
     ApiListWatch,
     ListWatchApi,
 )
-from ix_gpu.runtime.watched_cache import WatchedCache
+from ix_gpu.kube.watched_cache import WatchedCache
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from ix_gpu.webhook.service.metrics import ServiceMetrics
 

@@ -9,7 +9,7 @@ The listening socket is bound here rather than by uvicorn so an address in use i
 startup error, and so ``--port 0`` can report the port it got (the tests rely on that).
 
 With ``--probe-port``, ``/healthz`` and ``/readyz`` are also served over plain HTTP on a port of
-their own (:mod:`ix_gpu.runtime.guarded_http`), for the kubelet's probes: they then never wait
+their own (:mod:`ix_gpu.serving.guarded_http`), for the kubelet's probes: they then never wait
 behind the HTTPS port's connection cap or a TLS handshake, and the probe port's own cap makes room
 for each new connection by closing the oldest, so a client holding connections cannot fail them.
 """
@@ -28,7 +28,8 @@ from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
 from ix_gpu.config.schema_base import parse_yaml
 from ix_gpu.config.text import one_line
 from ix_gpu.config.webhook_config import WebhookConfig, default_config
-from ix_gpu.runtime.guarded_http import (
+from ix_gpu.kube.apiserver import in_cluster
+from ix_gpu.serving.guarded_http import (
     Answer,
     HttpLimits,
     Route,
@@ -36,13 +37,13 @@ from ix_gpu.runtime.guarded_http import (
     listen_socket,
     start_guarded_http,
 )
-from ix_gpu.runtime.kube import in_cluster
+from ix_gpu.webhook.certs.authority import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
+from ix_gpu.webhook.certs.tls_context import server_context
 from ix_gpu.webhook.core.claims import UNKNOWN_CLAIMS, ClaimFacts
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
 from ix_gpu.webhook.service.admission_review import MAX_BODY_BYTES
 from ix_gpu.webhook.service.app import HEALTHZ_BODY, JSON, Readiness, readyz_answer
-from ix_gpu.webhook.service.certificates import CA_FILE, CERT_FILE, KEY_FILE, generate_bundle, write_bundle
 from ix_gpu.webhook.service.claim_cache import ClaimCache, claim_cache
 from ix_gpu.webhook.service.draining import Drain, DrainingServer
 from ix_gpu.webhook.service.hot_reload import (
@@ -68,7 +69,6 @@ from ix_gpu.webhook.service.namespace_cache import (
     UnknownNamespaces,
     api_server,
 )
-from ix_gpu.webhook.service.tls_context import server_context
 
 log = logging.getLogger("ix_gpu.webhook")
 
@@ -362,7 +362,7 @@ def run_service(options: ServiceOptions) -> int:
     """Prepare (raising :class:`StartupError`) and serve until SIGINT/SIGTERM."""
     import uvloop
 
-    from ix_gpu.runtime import json_logging
+    from ix_gpu.process import json_logging
 
     json_logging.configure(options.log_level)
     service = prepare(options)

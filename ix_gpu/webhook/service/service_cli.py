@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ix_gpu.runtime.usage import (
+from ix_gpu.process.usage import (
     UsageError,
     add_log_level,
     interval_seconds,
@@ -46,7 +46,7 @@ def register_service(subparsers: argparse._SubParsersAction[Any]) -> None:
     _add_cluster(webhook)
     add_log_level(webhook, "; info logs one line per admission")
     _add_limits(webhook)
-    from ix_gpu.webhook.service.self_cert_cli import add_arguments as add_self_cert_arguments
+    from ix_gpu.webhook.certs.self_mode_cli import add_arguments as add_self_cert_arguments
 
     add_self_cert_arguments(webhook)
     webhook.set_defaults(handler=_run_webhook)
@@ -188,7 +188,7 @@ def _add_limits(webhook: argparse.ArgumentParser) -> None:
 
 
 def _run_webhook(args: argparse.Namespace) -> int:
-    from ix_gpu.webhook.service.self_cert_cli import start_from_args
+    from ix_gpu.webhook.certs.self_mode_cli import start_from_args
     from ix_gpu.webhook.service.server import ServiceOptions, StartupError, run_service
 
     start_from_args(args)
