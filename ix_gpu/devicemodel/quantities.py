@@ -31,21 +31,9 @@ _QUANTITY = re.compile(
 )
 _SUFFIX: dict[str, Fraction] = {
     "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
+    **{suffix: Fraction(1, 1000) ** power for power, suffix in enumerate("mun", 1)},  # milli, micro, nano
+    **{suffix: Fraction(1000) ** power for power, suffix in enumerate("kMGTPE", 1)},  # k is lower-case
+    **{f"{letter}i": Fraction(1024) ** power for power, letter in enumerate("KMGTPE", 1)},  # Ki ... Ei
 }
 
 

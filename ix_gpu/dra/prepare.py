@@ -24,6 +24,7 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,34 +65,22 @@ _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 """What a Kubernetes uid looks like; anything else never becomes part of a file name."""
 
 
+@dataclass(kw_only=True, eq=False)
 class Preparer:
     """Thread-safe: the servicer runs each claim in a worker thread (the API read blocks)."""
 
-    def __init__(
-        self,
-        *,
-        driver: str,
-        pool: str,
-        vendor: Vendor,
-        cdi_dir: Path,
-        checkpoint: Checkpoint,
-        read_claim: Callable[[ClaimRef], dict[str, Any]],
-        devices: Callable[[], Mapping[str, DraDevice]],
-        control_nodes: Callable[[], Sequence[str]],
-        driver_root: str | None = None,
-        refusal: Callable[[], str | None] = lambda: None,
-    ) -> None:
-        """``refusal``: why no new claim may be prepared now (None: it may); see
-        :mod:`ix_gpu.node.allocator`."""
-        self.driver, self.pool, self.vendor = driver, pool, vendor
-        self.cdi_dir = cdi_dir
-        self.checkpoint = checkpoint
-        self.read_claim = read_claim
-        self.devices = devices
-        self.control_nodes = control_nodes
-        self.driver_root = driver_root
-        self.refusal = refusal
-        self._lock = threading.Lock()
+    driver: str
+    pool: str
+    vendor: Vendor
+    cdi_dir: Path
+    checkpoint: Checkpoint
+    read_claim: Callable[[ClaimRef], dict[str, Any]]
+    devices: Callable[[], Mapping[str, DraDevice]]
+    control_nodes: Callable[[], Sequence[str]]
+    driver_root: str | None = None
+    refusal: Callable[[], str | None] = lambda: None
+    """Why no new claim may be prepared now (None: it may); see :mod:`ix_gpu.node.allocator`."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def spec_path(self, uid: str) -> Path:
         if not _UID.fullmatch(uid):

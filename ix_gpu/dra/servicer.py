@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TypeVar
 
+from google.protobuf.message import Message
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 from grpclib.server import Stream
@@ -40,6 +42,8 @@ names it does not know."""
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
+Answer = TypeVar("Answer", bound=Message)
+"""One claim's answer in a call's response (prepare or unprepare)."""
 
 
 async def _request(stream: Stream[Request, Response]) -> Request:
@@ -47,6 +51,18 @@ async def _request(stream: Stream[Request, Response]) -> Request:
     if request is None:
         raise GRPCError(Status.INVALID_ARGUMENT, "no request message")
     return request
+
+
+async def _each_claim(
+    claims: Sequence[dra.Claim],
+    answer: Callable[[dra.Claim], Awaitable[Answer]],
+    answers: MutableMapping[str, Answer],
+) -> None:
+    """Each claim of one call answered on its own and at the same time (one claim's slow API read
+    or failure is not another's), into ``answers`` by claim uid."""
+    results = await asyncio.gather(*(answer(claim) for claim in claims))
+    for claim, result in zip(claims, results, strict=True):
+        answers[claim.uid].CopyFrom(result)
 
 
 def _device(prepared: PreparedDevice) -> dra.Device:
@@ -112,20 +128,16 @@ class DraServicer(DRAPluginBase):
         self, stream: Stream[dra.NodePrepareResourcesRequest, dra.NodePrepareResourcesResponse]
     ) -> None:
         request = await _request(stream)
-        answers = await asyncio.gather(*(self._prepare_one(claim) for claim in request.claims))
         response = dra.NodePrepareResourcesResponse()
-        for claim, answer in zip(request.claims, answers, strict=True):
-            response.claims[claim.uid].CopyFrom(answer)
+        await _each_claim(request.claims, self._prepare_one, response.claims)
         await stream.send_message(response)
 
     async def NodeUnprepareResources(
         self, stream: Stream[dra.NodeUnprepareResourcesRequest, dra.NodeUnprepareResourcesResponse]
     ) -> None:
         request = await _request(stream)
-        answers = await asyncio.gather(*(self._unprepare_one(claim) for claim in request.claims))
         response = dra.NodeUnprepareResourcesResponse()
-        for claim, answer in zip(request.claims, answers, strict=True):
-            response.claims[claim.uid].CopyFrom(answer)
+        await _each_claim(request.claims, self._unprepare_one, response.claims)
         await stream.send_message(response)
 
 

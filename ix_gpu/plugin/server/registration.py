@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h2.connection
@@ -63,31 +64,27 @@ def socket_name_for(resource_name: str) -> str:
     return f"{domain.split('.')[0]}-{name}.sock".replace("/", "-")
 
 
+@dataclass(eq=False)
 class Registrar:
-    def __init__(
-        self,
-        directory: Path,
-        servicer: DevicePluginServicer,
-        metrics: PluginMetrics,
-        resource_name: Callable[[], str],
-        *,
-        reconcile_interval: float = 0.5,
-        register_timeout: float = 5.0,
-    ) -> None:
-        self.directory = directory
-        self.servicer = servicer
-        self.metrics = metrics
-        self.resource_name = resource_name
-        self.reconcile_interval = reconcile_interval
-        self.register_timeout = register_timeout
-        self.watch = SocketWatch(directory, KUBELET_SOCKET)
-        self.registered = False
-        self.registered_resource: str | None = None
-        self.not_registered_since = time.monotonic()
-        self._server: Server | None = None
-        self._socket: Path | None = None
-        self._registered_generation = -1
-        self._force = False
+    """Serves the plugin's socket and registers it with the kubelet, again whenever the kubelet's
+    socket comes back (a kubelet restart) or the resource name changes."""
+
+    directory: Path
+    servicer: DevicePluginServicer
+    metrics: PluginMetrics
+    resource_name: Callable[[], str]
+    reconcile_interval: float = field(default=0.5, kw_only=True)
+    register_timeout: float = field(default=5.0, kw_only=True)
+    registered: bool = field(default=False, init=False)
+    registered_resource: str | None = field(default=None, init=False)
+    not_registered_since: float = field(default_factory=time.monotonic, init=False)
+    _server: Server | None = field(default=None, init=False)
+    _socket: Path | None = field(default=None, init=False)
+    _registered_generation: int = field(default=-1, init=False)
+    _force: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.watch = SocketWatch(self.directory, KUBELET_SOCKET)
 
     @property
     def kubelet_socket(self) -> Path:

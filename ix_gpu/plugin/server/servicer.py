@@ -33,6 +33,8 @@ from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.process.outcomes import ERROR, SUCCESS
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from grpclib.server import Stream
 
 log = logging.getLogger(__name__)
@@ -158,17 +160,16 @@ class DevicePluginServicer(DevicePluginBase):
     async def GetPreferredAllocation(
         self, stream: Stream[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse]
     ) -> None:
-        request = await _request(stream)
-        try:
-            response = self.preferred_allocation(request)
-        except Rejected as exc:
-            self._reject(exc)
-        await stream.send_message(response)
+        await self._answer(stream, self.preferred_allocation)
 
     async def Allocate(self, stream: Stream[pb.AllocateRequest, pb.AllocateResponse]) -> None:
+        await self._answer(stream, self.allocate)
+
+    async def _answer(self, stream: Stream[Request, Response], handle: Callable[[Request], Response]) -> None:
+        """One unary call: the request, ``handle``'s answer, or INVALID_ARGUMENT when it rejects."""
         request = await _request(stream)
         try:
-            response = self.allocate(request)
+            response = handle(request)
         except Rejected as exc:
             self._reject(exc)
         await stream.send_message(response)

@@ -15,6 +15,7 @@ overwritten; the core turns them into warnings or a denial according to ``policy
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ix_gpu.config.text import shown
@@ -74,7 +75,8 @@ def _inject_template(
             break
 
     record = TemplateRecord()
-    mountable = _merge_volumes(spec, spec_ptr, where, profiles, run, record)
+    merge = _TemplateMerge(spec, spec_ptr, where, profiles, run, record)
+    mountable = merge.volumes()
     for container in containers:
         merge_container(container, spec_ptr, where, mountable, run, record)
     requirements: list[dict[str, Any]] = []
@@ -89,17 +91,17 @@ def _inject_template(
         runtime_class = runtime_class or bool(profile.runtime_class_name)
     # Each merge below does nothing for profiles without its kind of item; skipped, not called.
     if selector:
-        _merge_node_selector(spec, spec_ptr, where, profiles, run, record)
+        merge.node_selector()
     if tolerations:
-        _merge_tolerations(spec, spec_ptr, profiles, run, record)
+        merge.tolerations()
     if gpu_types:
         wanted = {"key": labels.GPU_PRODUCT, "operator": "In", "values": gpu_types}
         requirements.append(wanted)
         refs.append(item_ref(labels.GPU_PRODUCT, wanted))
     if requirements:
-        _merge_required_node_affinity(spec, spec_ptr, requirements, refs, run, record)
+        merge.required_node_affinity(requirements, refs)
     if runtime_class:
-        _merge_runtime_class(spec, spec_ptr, where, profiles, run, record)
+        merge.runtime_class()
 
     if len(profiles) == 1:
         name = profiles[0].name
@@ -112,191 +114,181 @@ def _inject_template(
     _set_injected_annotations(template, name + "@" + run.digest, encoded, run)
 
 
-def _merge_volumes(
-    spec: dict[str, Any],
-    spec_ptr: str,
-    where: str,
-    profiles: tuple[CompiledProfile, ...],
-    run: InjectionRun,
-    record: TemplateRecord,
-) -> set[str]:
-    """Add pod volumes; returns the names of our volumes that containers may mount."""
-    existing = spec.get("volumes")
-    mountable: set[str] = set()
-    offered: dict[str, dict[str, Any]] = {}
-    new: list[dict[str, Any]] = []
-    for profile in profiles:
-        for volume in profile.volumes:
-            if run.host_path_block:  # every injected volume is a hostPath
-                run.warn_once(f"{where}spec.volumes: hostPath volumes not injected: {run.host_path_block}")
-                continue
-            if volume.name in offered:
-                if not same(offered[volume.name], volume.volume):
-                    run.conflicts.append(
-                        f'{where}spec.volumes[name={volume.name}]: profile "{profile.name}" defines it '
-                        "differently from an earlier profile; kept the first"
+@dataclass(slots=True)
+class _TemplateMerge:
+    """One pod template being injected: where it is (its spec, that spec's JSON pointer, its place
+    in the object for messages), the profiles its GPU containers hold, the run the ops and warnings
+    go to, and the record of what this pass adds. Each method merges one kind of item."""
+
+    spec: dict[str, Any]
+    spec_ptr: str
+    where: str
+    profiles: tuple[CompiledProfile, ...]
+    run: InjectionRun
+    record: TemplateRecord
+
+    def parts(
+        self,
+    ) -> tuple[dict[str, Any], str, str, tuple[CompiledProfile, ...], InjectionRun, TemplateRecord]:
+        """The fields as locals for the merges' loops (a local is read faster than an attribute)."""
+        return self.spec, self.spec_ptr, self.where, self.profiles, self.run, self.record
+
+    def volumes(self) -> set[str]:
+        """Add pod volumes; returns the names of our volumes that containers may mount."""
+        spec, spec_ptr, where, profiles, run, record = self.parts()
+        existing = spec.get("volumes")
+        mountable: set[str] = set()
+        offered: dict[str, dict[str, Any]] = {}
+        new: list[dict[str, Any]] = []
+        for profile in profiles:
+            for volume in profile.volumes:
+                if run.host_path_block:  # every injected volume is a hostPath
+                    run.warn_once(
+                        f"{where}spec.volumes: hostPath volumes not injected: {run.host_path_block}"
                     )
-                continue
-            offered[volume.name] = volume.volume
-            current = last_by(existing, "name", volume.name)
-            if current is None:
-                new.append(volume.volume)
-                record.volumes.append(volume.volume_ref)
-                mountable.add(volume.name)
-                run.host_paths_added += 1
-            elif same(current, volume.volume):
-                mountable.add(volume.name)
-            else:
-                env = ", ".join(e.name for e in profile.env)
-                still = f" (its env {env} is still set: the pod's own volume must provide it)" if env else ""
-                run.conflicts.append(
-                    f"{where}spec.volumes[name={volume.name}]: the pod already has a different volume of "
-                    f"this name; kept it and did not mount profile {profile.name}'s{still}"
-                )
-    if new:
-        if not isinstance(existing, list):
-            record.created.append("vol")
-        patch_ops.add_to_list(run.ops, spec_ptr + "/volumes", existing, new)
-    return mountable
+                    continue
+                if volume.name in offered:
+                    if not same(offered[volume.name], volume.volume):
+                        run.conflicts.append(
+                            f'{where}spec.volumes[name={volume.name}]: profile "{profile.name}" defines it '
+                            "differently from an earlier profile; kept the first"
+                        )
+                    continue
+                offered[volume.name] = volume.volume
+                current = last_by(existing, "name", volume.name)
+                if current is None:
+                    new.append(volume.volume)
+                    record.volumes.append(volume.volume_ref)
+                    mountable.add(volume.name)
+                    run.host_paths_added += 1
+                elif same(current, volume.volume):
+                    mountable.add(volume.name)
+                else:
+                    env = ", ".join(e.name for e in profile.env)
+                    still = (
+                        f" (its env {env} is still set: the pod's own volume must provide it)" if env else ""
+                    )
+                    run.conflicts.append(
+                        f"{where}spec.volumes[name={volume.name}]: the pod already has a different volume of "
+                        f"this name; kept it and did not mount profile {profile.name}'s{still}"
+                    )
+        if new:
+            if not isinstance(existing, list):
+                record.created.append("vol")
+            patch_ops.add_to_list(run.ops, spec_ptr + "/volumes", existing, new)
+        return mountable
 
+    def node_selector(self) -> None:
+        spec, spec_ptr, where, profiles, run, record = self.parts()
+        existing = spec.get("nodeSelector")
+        current: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
+        additions: dict[str, str] = {}
+        for profile in profiles:
+            for key, value in profile.node_selector:
+                have = current.get(key)
+                if have is None:
+                    current[key] = value
+                    additions[key] = value
+                elif have != value:
+                    run.conflicts.append(
+                        f"{where}spec.nodeSelector[{key}]: kept {shown(have)} "
+                        f"(profile {profile.name} wants {value!r})"
+                    )
+        if not additions:
+            return
+        record.selector = additions
+        if isinstance(existing, dict):
+            for key, value in additions.items():
+                run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector/{token(key)}", value))
+        else:
+            record.created.append("sel")
+            run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector", additions))
 
-def _merge_node_selector(
-    spec: dict[str, Any],
-    spec_ptr: str,
-    where: str,
-    profiles: tuple[CompiledProfile, ...],
-    run: InjectionRun,
-    record: TemplateRecord,
-) -> None:
-    existing = spec.get("nodeSelector")
-    current: dict[str, Any] = dict(existing) if isinstance(existing, dict) else {}
-    additions: dict[str, str] = {}
-    for profile in profiles:
-        for key, value in profile.node_selector:
-            have = current.get(key)
-            if have is None:
-                current[key] = value
-                additions[key] = value
-            elif have != value:
-                run.conflicts.append(
-                    f"{where}spec.nodeSelector[{key}]: kept {shown(have)} "
-                    f"(profile {profile.name} wants {value!r})"
-                )
-    if not additions:
-        return
-    record.selector = additions
-    if isinstance(existing, dict):
-        for key, value in additions.items():
-            run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector/{token(key)}", value))
-    else:
-        record.created.append("sel")
-        run.ops.append(patch_ops.add(f"{spec_ptr}/nodeSelector", additions))
+    def tolerations(self) -> None:
+        spec, spec_ptr, _, profiles, run, record = self.parts()
+        existing = spec.get("tolerations")
+        have: list[Any] = list(existing) if isinstance(existing, list) else []
+        new: list[dict[str, Any]] = []
+        for profile in profiles:
+            for toleration, ref in zip(profile.tolerations, profile.toleration_refs, strict=True):
+                for present in have:
+                    if same(present, toleration):
+                        break
+                else:
+                    have.append(toleration)
+                    new.append(toleration)
+                    record.tolerations.append(ref)
+        if new:
+            if not isinstance(existing, list):
+                record.created.append("tol")
+            patch_ops.add_to_list(run.ops, spec_ptr + "/tolerations", existing, new)
 
-
-def _merge_tolerations(
-    spec: dict[str, Any],
-    spec_ptr: str,
-    profiles: tuple[CompiledProfile, ...],
-    run: InjectionRun,
-    record: TemplateRecord,
-) -> None:
-    existing = spec.get("tolerations")
-    have: list[Any] = list(existing) if isinstance(existing, list) else []
-    new: list[dict[str, Any]] = []
-    for profile in profiles:
-        for toleration, ref in zip(profile.tolerations, profile.toleration_refs, strict=True):
-            for present in have:
-                if same(present, toleration):
-                    break
-            else:
-                have.append(toleration)
-                new.append(toleration)
-                record.tolerations.append(ref)
-    if new:
-        if not isinstance(existing, list):
-            record.created.append("tol")
-        patch_ops.add_to_list(run.ops, spec_ptr + "/tolerations", existing, new)
-
-
-def _merge_required_node_affinity(
-    spec: dict[str, Any],
-    spec_ptr: str,
-    requirements: list[dict[str, Any]],
-    refs: list[str],
-    run: InjectionRun,
-    record: TemplateRecord,
-) -> None:
-    """AND our requirements into every term of required node affinity (terms are ORed)."""
-    unique: list[dict[str, Any]] = []
-    unique_refs: list[str] = []
-    for requirement, ref in zip(requirements, refs, strict=True):
-        if not any(same(requirement, r) for r in unique):
-            unique.append(requirement)
-            unique_refs.append(ref)
-    if not unique:
-        return
-    created = {"new": 1, "terms": {"0": {"new": 1, "x": unique_refs}}}
-    terms: list[dict[str, Any]] = [{"matchExpressions": unique}]
-    # Walk down affinity.nodeAffinity.required….nodeSelectorTerms; the first missing level is added
-    # whole, holding our single term, and we are done.
-    levels = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
-    node: dict[str, Any] = spec
-    ptr = spec_ptr
-    for depth, key in enumerate(levels):
-        ptr = f"{ptr}/{key}"
-        child = node.get(key)
-        if not isinstance(child, dict):
-            value: dict[str, Any] = {"nodeSelectorTerms": terms}
-            for outer in reversed(levels[depth + 1 :]):
-                value = {outer: value}
-            run.ops.append(patch_ops.add(ptr, value))
+    def required_node_affinity(self, requirements: list[dict[str, Any]], refs: list[str]) -> None:
+        """AND our requirements into every term of required node affinity (terms are ORed)."""
+        spec, spec_ptr, _, _, run, record = self.parts()
+        unique: list[dict[str, Any]] = []
+        unique_refs: list[str] = []
+        for requirement, ref in zip(requirements, refs, strict=True):
+            if not any(same(requirement, r) for r in unique):
+                unique.append(requirement)
+                unique_refs.append(ref)
+        if not unique:
+            return
+        created = {"new": 1, "terms": {"0": {"new": 1, "x": unique_refs}}}
+        terms: list[dict[str, Any]] = [{"matchExpressions": unique}]
+        # Walk down affinity.nodeAffinity.required….nodeSelectorTerms; the first missing level is added
+        # whole, holding our single term, and we are done.
+        levels = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+        node: dict[str, Any] = spec
+        ptr = spec_ptr
+        for depth, key in enumerate(levels):
+            ptr = f"{ptr}/{key}"
+            child = node.get(key)
+            if not isinstance(child, dict):
+                value: dict[str, Any] = {"nodeSelectorTerms": terms}
+                for outer in reversed(levels[depth + 1 :]):
+                    value = {outer: value}
+                run.ops.append(patch_ops.add(ptr, value))
+                record.affinity = created
+                return
+            node = child
+        ptr = f"{ptr}/nodeSelectorTerms"
+        existing_terms = node.get("nodeSelectorTerms")
+        if not isinstance(existing_terms, list) or not existing_terms:
+            run.ops.append(patch_ops.add(ptr, terms))
             record.affinity = created
             return
-        node = child
-    ptr = f"{ptr}/nodeSelectorTerms"
-    existing_terms = node.get("nodeSelectorTerms")
-    if not isinstance(existing_terms, list) or not existing_terms:
-        run.ops.append(patch_ops.add(ptr, terms))
-        record.affinity = created
-        return
-    added: dict[str, Any] = {}
-    for index, term in enumerate(existing_terms):
-        if not isinstance(term, dict):
-            continue
-        expressions = term.get("matchExpressions")
-        present = expressions if isinstance(expressions, list) else []
-        new = [i for i, r in enumerate(unique) if not any(same(e, r) for e in present)]
-        if new:
-            fresh = 0 if isinstance(expressions, list) else 1
-            added[str(index)] = {"new": fresh, "x": [unique_refs[i] for i in new]}
-        patch_ops.add_to_list(
-            run.ops, f"{ptr}/{index}/matchExpressions", expressions, [unique[i] for i in new]
-        )
-    if added:
-        record.affinity = {"new": 0, "terms": added}
-
-
-def _merge_runtime_class(
-    spec: dict[str, Any],
-    spec_ptr: str,
-    where: str,
-    profiles: tuple[CompiledProfile, ...],
-    run: InjectionRun,
-    record: TemplateRecord,
-) -> None:
-    current = spec.get("runtimeClassName")
-    for profile in profiles:
-        wanted = profile.runtime_class_name
-        if not wanted:
-            continue
-        if not current:
-            run.ops.append(patch_ops.add(f"{spec_ptr}/runtimeClassName", wanted))
-            record.runtime_class = current = wanted
-        elif current != wanted:
-            run.conflicts.append(
-                f"{where}spec.runtimeClassName: kept {shown(current)} "
-                f"(profile {profile.name} wants {wanted!r})"
+        added: dict[str, Any] = {}
+        for index, term in enumerate(existing_terms):
+            if not isinstance(term, dict):
+                continue
+            expressions = term.get("matchExpressions")
+            present = expressions if isinstance(expressions, list) else []
+            new = [i for i, r in enumerate(unique) if not any(same(e, r) for e in present)]
+            if new:
+                fresh = 0 if isinstance(expressions, list) else 1
+                added[str(index)] = {"new": fresh, "x": [unique_refs[i] for i in new]}
+            patch_ops.add_to_list(
+                run.ops, f"{ptr}/{index}/matchExpressions", expressions, [unique[i] for i in new]
             )
+        if added:
+            record.affinity = {"new": 0, "terms": added}
+
+    def runtime_class(self) -> None:
+        spec, spec_ptr, where, profiles, run, record = self.parts()
+        current = spec.get("runtimeClassName")
+        for profile in profiles:
+            wanted = profile.runtime_class_name
+            if not wanted:
+                continue
+            if not current:
+                run.ops.append(patch_ops.add(f"{spec_ptr}/runtimeClassName", wanted))
+                record.runtime_class = current = wanted
+            elif current != wanted:
+                run.conflicts.append(
+                    f"{where}spec.runtimeClassName: kept {shown(current)} "
+                    f"(profile {profile.name} wants {wanted!r})"
+                )
 
 
 def _set_injected_annotations(
