@@ -28,12 +28,16 @@ the namespaces that existed before the burst and for those created during it.
 
 Reported: pod-create latency p50/p99 as the client saw it (SLO: 1 s) and the creates that failed
 before a retry; admission latency p50/p99 as the apiserver measured it
-(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets; read
-before each apiserver restart too, whose histograms start from 0) and as the webhook did (the
-replicas running at the end, and a SIGKILLed one's as read just before the kill); pod
-startup p50/p99, from the create's answer to Running as seen by a watch (SLO: 5 s); scheduling
-(create to bound) p50/p99 and throughput, with and without the injected affinity; the webhook's
-CPU seconds per review and RSS; GPU pods admitted unmutated; opted-out pods mutated.
+(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets; the
+burst's alone, what was counted after it less what was before it; read before each apiserver
+restart too, whose histograms start from 0) and as the webhook did (the replicas running at the
+end, and a SIGKILLed one's as read just before the kill); pod startup p50/p99, from the create's
+answer to Running as seen by a watch (SLO: 5 s); scheduling (create to bound) p50/p99 and
+throughput, with and without the injected affinity, and the scheduler's own pod scheduling SLI
+p50/p99 and attempt p99 over the burst (``scheduler_pod_scheduling_sli_duration_seconds``,
+``scheduler_scheduling_attempt_duration_seconds``); the webhook's CPU seconds per review and RSS;
+GPU pods admitted unmutated; opted-out pods mutated. The webhook can be another than ix-gpu's, or
+none (``arm``, ``burst_arms.py``).
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ watch); the scheduler's own pod scheduling SLI p99 (``scheduler_pod_scheduling_s
 the burst's difference); and pods stored per second. Ratios ix-gpu/none and go/none of create
 p99 and startup p99, of those medians. And the checks of each run: GPU pods stored without the
 injection (0; for none, pods lacking a pre-applied field), opted-out pods injected (0; not checked
-for go, whose webhook reads no namespace).
+for go, whose webhook reads no namespace), with the machine's 1-minute load average at the run's
+start and end (what else ran beside it on a shared machine).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +36,7 @@ FIGURES = (
 )
 RATIOS = ("create_p99_ms", "startup_p99_ms")
 CHECKS = (
+    "loadavg_1m",
     "pods_created",
     "running",
     "gpu_pods_unmutated",
@@ -60,8 +63,12 @@ def run_arms(
         for arm in arms:
             where = work / f"{round_}-{arm}"
             where.mkdir()
+            load_before = os.getloadavg()[0]
             result = run(where, arm=arm, **burst)
             result["round"] = round_
+            # The machine's 1-minute load average at the run's start and end: on a shared machine,
+            # what else ran beside it.
+            result["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
             runs.append(result)
     return {"arms": arms, "rounds": rounds, "summary": summarise(runs, arms), "runs": runs}
 
