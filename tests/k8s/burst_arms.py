@@ -20,6 +20,8 @@ adds to a burst is seen side by side (``burst_compare.py`` runs them in turn and
   back injected. The Go webhook does not read namespaces, so it does not honour opt-outs, and it
   adds no node affinity for ``ix-gpu.io/gpu-type`` (the burst's affinity pods are scheduled without
   one) and no record of injected items; its driver hostPath is its built-in ``/usr/local/corex``.
+Only the ix-gpu arm installs the chart, so only it has the chart's device plugin DaemonSet and its
+ValidatingAdmissionPolicy on Node writes.
 
 The none and go arms need ``runtime="containerd"`` and have no ``webhook-kill``.
 """
