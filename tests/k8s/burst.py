@@ -63,13 +63,14 @@ from tests.k8s.burst_fresh import PREFIX as FRESH
 from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
 from tests.k8s.burst_webhook import (
     WebhookUnderTest,
-    all_metrics,
+    admission_figures,
     cpu_of,
     rss_by_replica,
+    webhook_figures,
 )
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.dra_pools import create_device_classes
-from tests.k8s.histograms import added, buckets_of, buckets_quantile
+from tests.k8s.histograms import ms
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
 
 FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst", "new-namespaces")
@@ -87,10 +88,6 @@ def quantile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 1)
 
 
 class PodWatch:
@@ -461,13 +458,8 @@ def run(
             )
         }
         metrics_status, metrics_text = api.request("GET", "/metrics")
-        # With the histograms from before each restart: their buckets add up (bucket_quantile).
+        # With the histograms from before each restart: their buckets add up (admission_figures).
         text = "\n".join([*before_restarts, metrics_text if isinstance(metrics_text, str) else ""])
-        admission = "apiserver_admission_webhook_admission_duration_seconds"
-        match = {"operation": "CREATE", "type": "admit"}
-        admitted = added(buckets_of(apiserver_before, admission, match), buckets_of(text, admission, match))
-        own = all_metrics(webhook)
-        own_family = "ix_gpu_admission_duration_seconds"
         result.update(
             {
                 "pods_created": len(burst.created),
@@ -477,14 +469,8 @@ def run(
                 "create_error_examples": sorted(set(burst.first_try_errors))[:3],
                 "create_p50_ms": ms(quantile(burst.latency, 0.5)),
                 "create_p99_ms": ms(quantile(burst.latency, 0.99)),
-                "admissions_counted": int(admitted.get(float("inf"), 0)),
-                "admission_p50_ms": ms(buckets_quantile(admitted, 0.5)),
-                "admission_p99_ms": ms(buckets_quantile(admitted, 0.99)),
-                "webhook_reviews_counted": int(buckets_of(own, own_family, {}).get(float("inf"), 0)),
-                "webhook_reviews_counted_before_kills": int(
-                    buckets_of("\n".join(webhook.killed.metrics), own_family, {}).get(float("inf"), 0)
-                ),
-                "webhook_p99_ms": ms(buckets_quantile(buckets_of(own, own_family, {}), 0.99)),
+                **admission_figures(apiserver_before, text),
+                **webhook_figures(webhook),
                 "running": len(startup),
                 "startup_p50_ms": ms(quantile(startup, 0.5)),
                 "startup_p99_ms": ms(quantile(startup, 0.99)),

@@ -61,7 +61,7 @@ from tests.k8s.burst_webhook import (
 )
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.cluster import MiniCluster
-from tests.k8s.histograms import added, buckets_of, buckets_quantile
+from tests.k8s.histograms import added, buckets_of, buckets_quantile, ms
 from tests.k8s.k8s_tier import KubeAPI, build_helm
 from tests.k8s.pods import request_ok
 from tests.k8s.real_nodes import container_pids
@@ -392,11 +392,7 @@ def scheduler_figures(before: str, after: str) -> dict[str, Any]:
     return {
         "scheduler_metrics_read": bool(after),
         "scheduling_sli_counted": int(sli.get(float("inf"), 0)),
-        "scheduling_sli_p50_ms": _ms(buckets_quantile(sli, 0.5)),
-        "scheduling_sli_p99_ms": _ms(buckets_quantile(sli, 0.99)),
-        "scheduling_attempt_p99_ms": _ms(buckets_quantile(attempt, 0.99)),
+        "scheduling_sli_p50_ms": ms(buckets_quantile(sli, 0.5)),
+        "scheduling_sli_p99_ms": ms(buckets_quantile(sli, 0.99)),
+        "scheduling_attempt_p99_ms": ms(buckets_quantile(attempt, 0.99)),
     }
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 1)

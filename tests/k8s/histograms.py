@@ -52,3 +52,8 @@ def bucket_quantile(text: str, family: str, q: float, match: dict[str, str]) -> 
 def added(before: Buckets, after: Buckets) -> Buckets:
     """What was counted between two reads of the same cumulative histogram."""
     return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
+
+
+def ms(value: float | None) -> float | None:
+    """Seconds as milliseconds, to 0.1 ms."""
+    return None if value is None else round(value * 1000, 1)
