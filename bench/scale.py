@@ -3,7 +3,8 @@
     .venv/bin/python bench/scale.py [--kwok-nodes 100] [--kwok-boards 4] [--namespaces 2000]
         [--pods 1000] [--rate 50]
         [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst|new-namespaces[+...]]
-        [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3] [--json]
+        [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3]
+        [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--json]
 
 Needs root (the mini cluster's kubelets use mount namespaces) and the tier's binaries
 (``tests/k8s/build.sh``, kwok from ``tests/k8s/build-go-command.sh kwok``). ``--runtime
@@ -11,6 +12,20 @@ containerd`` runs the webhook from the chart, ``--replicas`` of it in real conta
 real-node tier's two nodes (its images too: ``tests/k8s/build-images.sh``, helm from
 ``tests/k8s/build-helm.sh``); ``fake-cri`` runs one webhook host process. What runs and what is
 reported: ``tests/k8s/burst.py``.
+
+``--webhook`` picks the webhook (default ``ix-gpu``, the chart's), or several, comma-separated,
+to see what a webhook adds to the burst side by side (containerd only; ``tests/k8s/burst_arms.py``):
+``none`` (no webhook; each pod created carrying what the ix-gpu webhook would have added, so the
+scheduler and kubelets see the same pods), ``go`` (``bench/go-webhook``, the Go standard-library
+reference, in real containers deployed as the chart deploys ix-gpu's, registered with the chart's
+own MutatingWebhookConfiguration; it honours no opt-out and injects no ``gpu-type`` node affinity)
+and ``ix-gpu``. ``--rounds N`` runs the arms N times in interleaved order (none, go, ix-gpu, none,
+...), each on a fresh cluster of the same size with the same burst, and prints a side-by-side table
+of the medians (``tests/k8s/burst_compare.py``), ratios ix-gpu/none and go/none of create p99 and
+startup p99, and each run's checks; ``--json`` prints the same with every run's figures. e.g.
+
+    .venv/bin/python bench/scale.py --runtime containerd --kwok-nodes 50 --namespaces 500 \
+        --pods 500 --rate 50 --webhook none,go,ix-gpu --rounds 1
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.k8s.burst import FAULTS, run  # noqa: E402
+from tests.k8s.burst_compare import parse_arms, run_arms, table  # noqa: E402
 
 
 def main() -> int:
@@ -54,14 +70,32 @@ def main() -> int:
         help="containerd: the chart's webhook in real containers on real nodes",
     )
     parser.add_argument("--replicas", type=int, default=3, help="webhook replicas (containerd)")
+    parser.add_argument("--webhook", default="ix-gpu", help="ix-gpu, none, go, or several: a,b,c")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the --webhook arms")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unknown = [f for f in args.fault.split("+") if f not in FAULTS]
     if unknown:
         parser.error(f"--fault {unknown[0]!r}: one of {', '.join(FAULTS)}, or several joined by '+'")
+    try:
+        arms = parse_arms(args.webhook)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if arms != ["ix-gpu"] and (args.runtime != "containerd" or "webhook-kill" in args.fault):
+        parser.error("--webhook none or go: with --runtime containerd and without webhook-kill")
     with tempfile.TemporaryDirectory(prefix="ix-scale-") as work:
+        if len(arms) > 1 or args.rounds > 1:
+            compared = run_arms(
+                Path(work), arms, args.rounds, run,
+                kwok_nodes=args.kwok_nodes, kwok_boards=args.kwok_boards, namespaces=args.namespaces,
+                pods=args.pods, rate=args.rate, fault=args.fault, runtime=args.runtime,
+                replicas=args.replicas, new_namespaces=args.new_namespaces,
+            )  # fmt: skip
+            print(json.dumps(compared) if args.json else table(compared))
+            return 0
         result = run(
             Path(work),
+            arm=arms[0],
             kwok_nodes=args.kwok_nodes,
             kwok_boards=args.kwok_boards,
             namespaces=args.namespaces,

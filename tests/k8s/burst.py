@@ -28,12 +28,16 @@ the namespaces that existed before the burst and for those created during it.
 
 Reported: pod-create latency p50/p99 as the client saw it (SLO: 1 s) and the creates that failed
 before a retry; admission latency p50/p99 as the apiserver measured it
-(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets; read
-before each apiserver restart too, whose histograms start from 0) and as the webhook did (the
-replicas running at the end, and a SIGKILLed one's as read just before the kill); pod
-startup p50/p99, from the create's answer to Running as seen by a watch (SLO: 5 s); scheduling
-(create to bound) p50/p99 and throughput, with and without the injected affinity; the webhook's
-CPU seconds per review and RSS; GPU pods admitted unmutated; opted-out pods mutated.
+(``apiserver_admission_webhook_admission_duration_seconds``, interpolated in its buckets; the
+burst's alone, what was counted after it less what was before it; read before each apiserver
+restart too, whose histograms start from 0) and as the webhook did (the replicas running at the
+end, and a SIGKILLed one's as read just before the kill); pod startup p50/p99, from the create's
+answer to Running as seen by a watch (SLO: 5 s); scheduling (create to bound) p50/p99 and
+throughput, with and without the injected affinity, and the scheduler's own pod scheduling SLI
+p50/p99 and attempt p99 over the burst (``scheduler_pod_scheduling_sli_duration_seconds``,
+``scheduler_scheduling_attempt_duration_seconds``); the webhook's CPU seconds per review and RSS;
+GPU pods admitted unmutated; opted-out pods mutated. The webhook can be another than ix-gpu's, or
+none (``arm``, ``burst_arms.py``).
 """
 
 from __future__ import annotations
@@ -44,28 +48,29 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from ix_gpu.devicemodel import labels
 from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.kube.kubeconfig import read_kubeconfig
 from ix_gpu.kube.list_watch import WatchStream
+from ix_gpu.webhook.core.decision import NamespaceFacts
 from tests.k8s import kwok
+from tests.k8s.burst_arms import scheduler_figures, scheduler_metrics, start_arm
 from tests.k8s.burst_fresh import PREFIX as FRESH
 from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
 from tests.k8s.burst_webhook import (
-    ChartWebhook,
-    HostWebhook,
     WebhookUnderTest,
-    all_metrics,
+    admission_figures,
     cpu_of,
     rss_by_replica,
+    webhook_figures,
 )
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.dra_pools import create_device_classes
+from tests.k8s.histograms import ms
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
 
 FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst", "new-namespaces")
@@ -83,45 +88,6 @@ def quantile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000, 1)
-
-
-def buckets_of(text: str, family: str, match: dict[str, str]) -> dict[float, float]:
-    """A Prometheus histogram's cumulative buckets by upper bound, summed over the series whose
-    labels include ``match`` (and over every copy of the family in ``text``)."""
-    buckets: dict[float, float] = {}
-    for metric in text_string_to_metric_families(text):
-        if metric.name != family:
-            continue
-        for sample in metric.samples:
-            if sample.name != f"{family}_bucket":
-                continue
-            if any(sample.labels.get(k) != v for k, v in match.items()):
-                continue
-            bound = float(sample.labels["le"])
-            buckets[bound] = buckets.get(bound, 0.0) + sample.value
-    return buckets
-
-
-def bucket_quantile(text: str, family: str, q: float, match: dict[str, str]) -> float | None:
-    """``q`` of a Prometheus histogram, interpolated linearly inside its bucket, over the series
-    whose labels include ``match``."""
-    buckets = buckets_of(text, family, match)
-    if not buckets or buckets.get(float("inf"), 0) == 0:
-        return None
-    total = buckets[float("inf")]
-    rank, lower, below = q * total, 0.0, 0.0
-    for bound in sorted(buckets):
-        count = buckets[bound]
-        if count >= rank:
-            if bound == float("inf"):
-                return lower
-            return lower + (bound - lower) * ((rank - below) / max(count - below, 1e-9))
-        lower, below = bound, count
-    return None
 
 
 class PodWatch:
@@ -191,21 +157,40 @@ class PodWatch:
             self._stream.close()
 
 
+def namespace_metadata(name: str) -> dict[str, Any]:
+    """A burst namespace's metadata, from the index its name ends with: Pod Security ``warn`` and
+    ``audit`` levels in turn, and every ``OPT_OUT_EVERY``-th opted out by annotation."""
+    i = int(name.rsplit("-", 1)[1])
+    level = LEVELS[i % len(LEVELS)]
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": {
+            "pod-security.kubernetes.io/enforce": "privileged",
+            "pod-security.kubernetes.io/warn": level,
+            "pod-security.kubernetes.io/audit": level,
+        },
+    }
+    if i % OPT_OUT_EVERY == 0:
+        metadata["annotations"] = {labels.INJECT: labels.INJECT_DISABLED}
+    return metadata
+
+
+def namespace_facts(name: str) -> NamespaceFacts:
+    """What the webhook knows of a burst namespace (the none arm's mutation is made with it)."""
+    metadata = namespace_metadata(name)
+    names = {"kubernetes.io/metadata.name": name}
+    return NamespaceFacts(name, {**metadata["labels"], **names}, metadata.get("annotations", {}))
+
+
+def opted_out(namespace: str) -> bool:
+    return int(namespace.rsplit("-", 1)[1]) % OPT_OUT_EVERY == 0
+
+
 def create_namespaces(api: KubeAPI, count: int, prefix: str = "scale", workers: int = 16) -> list[str]:
     names = [f"{prefix}-{i:05d}" for i in range(count)]
 
     def one(i: int) -> None:
-        level = LEVELS[i % len(LEVELS)]
-        metadata: dict[str, Any] = {
-            "name": names[i],
-            "labels": {
-                "pod-security.kubernetes.io/enforce": "privileged",
-                "pod-security.kubernetes.io/warn": level,
-                "pod-security.kubernetes.io/audit": level,
-            },
-        }
-        if i % OPT_OUT_EVERY == 0:
-            metadata["annotations"] = {labels.INJECT: labels.INJECT_DISABLED}
+        metadata = namespace_metadata(names[i])
         for _ in range(5):
             status, reply = api.request("POST", "/api/v1/namespaces", {"metadata": metadata})
             if status in (201, 409):
@@ -242,8 +227,12 @@ def gpu_pod(name: str, affinity: bool) -> dict[str, Any]:
 class Burst:
     """Creates pods at a rate from a pool of client threads; a failed create is retried."""
 
-    def __init__(self, api: KubeAPI) -> None:
+    def __init__(
+        self, api: KubeAPI, prepare: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
+    ) -> None:
         self.api = api
+        self.prepare = prepare
+        """What is done to each pod before its create (the none arm's pre-applied mutation)."""
         self.latency: list[float] = []
         self.created: dict[str, float] = {}
         self.first_try_errors: list[str] = []
@@ -262,6 +251,8 @@ class Burst:
         if affinity:
             self.affinity.add(key)
         body = body if body is not None else gpu_pod(name, affinity)
+        if self.prepare is not None:
+            body = self.prepare(namespace, body)
         deadline = time.monotonic() + RETRY_FOR_S
         attempt = 0
         while attempt == 0 or time.monotonic() < deadline:
@@ -338,13 +329,15 @@ def run(
     replicas: int = 3,
     kwok_boards: int = 4,
     new_namespaces: int = NEW_NAMESPACES,
+    arm: str = "ix-gpu",
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
     Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
     ``fake-cri`` runs one webhook host process; ``containerd`` installs the chart on the real
     nodes with ``replicas`` webhook replicas in real containers (root, and the real-node tier's
     images). ``kwok_boards``: boards per simulated node (4 time-sliced GPUs each).
-    ``new_namespaces``: how many the ``new-namespaces`` fault creates over the burst."""
+    ``new_namespaces``: how many the ``new-namespaces`` fault creates over the burst. ``arm``: the
+    webhook, ``ix-gpu``, ``go`` or ``none`` (``burst_arms.py``; the last two on containerd only)."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
@@ -356,6 +349,7 @@ def run(
         "rate": rate,
         "fault": fault,
         "runtime": runtime,
+        "arm": arm,
         "kwok_boards": kwok_boards,
     }
     points = [f for f in faults if f not in STREAMS]
@@ -369,21 +363,18 @@ def run(
         runtime=runtime,
     ) as cluster:
         result["cluster_up_s"] = cluster.timings.get("total")
-        webhook: WebhookUnderTest
-        if runtime == "containerd":
-            webhook = ChartWebhook(cluster, work, replicas)
-            result["replicas"] = replicas
-            result["helm_install_s"] = webhook.install_s
-        else:
-            webhook = HostWebhook(cluster)
+        webhook_arm = start_arm(arm, cluster, work, runtime, replicas, namespace_facts)
+        webhook: WebhookUnderTest = webhook_arm.webhook
+        result.update(webhook_arm.info)
         api = cluster.api
         t = time.monotonic()
+        existing = len(api.request("GET", "/api/v1/namespaces")[1]["items"])
         names = create_namespaces(api, namespaces)
-        wait_service_accounts(api, namespaces + 5, timeout=300 + namespaces / 100)
+        wait_service_accounts(api, namespaces + existing, timeout=300 + namespaces / 100)
         result["namespaces_s"] = round(time.monotonic() - t, 1)
         targets = [(names[i % namespaces], f"gpu-{i:06d}", i % AFFINITY_EVERY == 1) for i in range(pods)]
         watch = PodWatch(read_kubeconfig(cluster.kubeconfig)).start()
-        burst = Burst(api)
+        burst = Burst(api, webhook_arm.prepare)
         marks = [threading.Event() for _ in points]
         fresh: FreshNamespaces | None = None
         if "new-namespaces" in faults:
@@ -422,6 +413,9 @@ def run(
             info["seconds"] = round(time.monotonic() - at, 2)
 
         cpu_before = cpu_of(webhook)
+        # The histograms are read before and after: the burst's figures are their difference.
+        apiserver_before = str(api.request("GET", "/metrics")[1])
+        scheduler_before = scheduler_metrics(cluster)
         injectors = [
             threading.Thread(target=inject, args=pair, daemon=True)
             for pair in zip(points, marks, strict=True)
@@ -464,12 +458,8 @@ def run(
             )
         }
         metrics_status, metrics_text = api.request("GET", "/metrics")
-        # With the histograms from before each restart: their buckets add up (bucket_quantile).
+        # With the histograms from before each restart: their buckets add up (admission_figures).
         text = "\n".join([*before_restarts, metrics_text if isinstance(metrics_text, str) else ""])
-        admission = "apiserver_admission_webhook_admission_duration_seconds"
-        match = {"operation": "CREATE", "type": "admit"}
-        own = all_metrics(webhook)
-        own_family = "ix_gpu_admission_duration_seconds"
         result.update(
             {
                 "pods_created": len(burst.created),
@@ -479,17 +469,12 @@ def run(
                 "create_error_examples": sorted(set(burst.first_try_errors))[:3],
                 "create_p50_ms": ms(quantile(burst.latency, 0.5)),
                 "create_p99_ms": ms(quantile(burst.latency, 0.99)),
-                "admissions_counted": int(buckets_of(text, admission, match).get(float("inf"), 0)),
-                "admission_p50_ms": ms(bucket_quantile(text, admission, 0.5, match)),
-                "admission_p99_ms": ms(bucket_quantile(text, admission, 0.99, match)),
-                "webhook_reviews_counted": int(buckets_of(own, own_family, {}).get(float("inf"), 0)),
-                "webhook_reviews_counted_before_kills": int(
-                    buckets_of("\n".join(webhook.killed.metrics), own_family, {}).get(float("inf"), 0)
-                ),
-                "webhook_p99_ms": ms(bucket_quantile(own, own_family, 0.99, {})),
+                **admission_figures(apiserver_before, text),
+                **webhook_figures(webhook),
                 "running": len(startup),
                 "startup_p50_ms": ms(quantile(startup, 0.5)),
                 "startup_p99_ms": ms(quantile(startup, 0.99)),
+                **scheduler_figures(scheduler_before, scheduler_metrics(cluster)),
             }
         )
         for group, values in scheduling.items():
@@ -500,6 +485,7 @@ def run(
         if len(bound_times) > 1:
             result["scheduler_pods_per_s"] = round(len(bound_times) / (bound_times[-1] - bound_times[0]), 1)
         result.update(audit(api, set(burst.created), fresh.claim_pods if fresh else set()))
+        result.update(webhook_arm.checks(api, set(burst.created), opted_out))
         result["metrics_scraped"] = metrics_status == 200
     return result
 

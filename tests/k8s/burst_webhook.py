@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.cluster import MiniCluster
+from tests.k8s.histograms import added, buckets_of, buckets_quantile, ms
 from tests.k8s.k8s_tier import build_helm
 from tests.k8s.real_nodes import container_pids
 from tests.k8s.real_release import Release
@@ -79,6 +80,31 @@ def cpu_of(webhook: WebhookUnderTest) -> float:
 def all_metrics(webhook: WebhookUnderTest) -> str:
     """The running replicas' /metrics and the killed ones' last, joined: histograms add up."""
     return "\n".join([*webhook.metrics(), *webhook.killed.metrics])
+
+
+def admission_figures(before: str, after: str) -> dict[str, Any]:
+    """The apiserver's admission histogram over the burst: what ``after`` (the reads before each
+    restart and the last one) counted less what ``before`` (read before the burst) had."""
+    family = "apiserver_admission_webhook_admission_duration_seconds"
+    match = {"operation": "CREATE", "type": "admit"}
+    admitted = added(buckets_of(before, family, match), buckets_of(after, family, match))
+    return {
+        "admissions_counted": int(admitted.get(float("inf"), 0)),
+        "admission_p50_ms": ms(buckets_quantile(admitted, 0.5)),
+        "admission_p99_ms": ms(buckets_quantile(admitted, 0.99)),
+    }
+
+
+def webhook_figures(webhook: WebhookUnderTest) -> dict[str, Any]:
+    """The webhook's own review histogram: the running replicas' and the killed ones' last."""
+    family = "ix_gpu_admission_duration_seconds"
+    own = buckets_of(all_metrics(webhook), family, {})
+    killed = buckets_of("\n".join(webhook.killed.metrics), family, {})
+    return {
+        "webhook_reviews_counted": int(own.get(float("inf"), 0)),
+        "webhook_reviews_counted_before_kills": int(killed.get(float("inf"), 0)),
+        "webhook_p99_ms": ms(buckets_quantile(own, 0.99)),
+    }
 
 
 def rss_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
