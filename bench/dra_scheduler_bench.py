@@ -3,9 +3,14 @@ dra`` publishes: plain per-chip slices against partitionable boards (each board 
 with counter sets), shared chips (memory shares) and both at once, on the same run.
 
     .venv/bin/python bench/dra_scheduler_bench.py [--nodes 10] [--pods 20] [--rounds 2] [--json]
+        [--versions v1.37.2,v1.38.0-beta.0 [--repeat 2]]
 
-A real etcd, kube-apiserver v1.37.2 and kube-scheduler on loopback (tests/k8s's helpers; binaries
-from the tests/k8s/build.sh cache, or ``IX_GPU_K8S_BIN``). Nodes are API objects only, ``--nodes``
+A real etcd, kube-apiserver and kube-scheduler of one Kubernetes version on loopback (tests/k8s's
+helpers; binaries from the tests/k8s/build.sh cache, or ``IX_GPU_K8S_BIN`` for v1.37.2). The
+version is v1.37.2 unless ``--versions`` names others: each is built first (build.sh, a pre-release
+such as v1.38.0-beta.0 too), then the whole run (fresh etcd, apiserver, scheduler and nodes) is
+done once per version in turn, ``--repeat`` times (v1.37.2, v1.38.0-beta.0, v1.37.2, ...), and the
+runs are printed side by side at the end. Nodes are API objects only, ``--nodes``
 per layout, each of two BI-V150 boards (four chips); their slices are written by the driver's code
 (tests/k8s/dra_pools.py), the DeviceClasses are the chart's. Every pod has its own ResourceClaim
 for one device of ``gpu.iluvatar.com`` (the default form: a chip) and a node selector for its
@@ -17,7 +22,8 @@ Per phase, the difference of ``scheduler_scheduling_attempt_duration_seconds`` (
 claim per pod, per claim; ``scheduler_framework_extension_point_duration_seconds`` splits it
 by extension point (PreFilter, Filter, Score, Reserve, PreBind; all plugins of each, of which the
 DynamicResources plugin's allocation is the Filter's bulk for these pods), to show where a layout's
-extra time goes. The target: partitionable and shared within 1.2x of plain.
+extra time goes. The target: partitionable and shared within 1.2x of plain. Each run's header names
+the scheduler's version as its own ``kubernetes_build_info`` metric reports it.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from tests.k8s.dra_pools import (  # noqa: E402
     publish_pool,
 )
 from tests.k8s.k8s_tier import (  # noqa: E402
+    CURRENT_K8S_VERSION,
     K8sBinaries,
     KubeAPI,
     build_binaries,
@@ -145,38 +152,17 @@ def phase(
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n", 1)[0],
-        epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--nodes", type=int, default=10, metavar="N", help="nodes per layout (default 10)")
-    parser.add_argument("--pods", type=int, default=16, metavar="P", help="pods per phase (default 16)")
-    parser.add_argument("--rounds", type=int, default=2, metavar="R", help="phases per layout (default 2)")
-    parser.add_argument(
-        "--background-shares",
-        type=int,
-        default=0,
-        metavar="S",
-        help="claims holding one memory share each, placed on the shared nodes before the measured "
-        "phases (the allocator checks every share in use when it counts a pool's counters; default 0)",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    args = parser.parse_args()
-    warmup = 8
-    if args.nodes < 1 or args.pods < 1 or args.rounds < 1:
-        parser.error("--nodes, --pods and --rounds must be at least 1")
-    if args.pods * args.rounds + warmup > args.nodes * 4:
-        parser.error(f"--pods x --rounds + {warmup} (warm-up) must fit in --nodes x 4 chips")
-    if args.background_shares < 0 or args.background_shares + args.pods * args.rounds > args.nodes * 16:
-        parser.error("--background-shares plus the shared phases' pods must fit in --nodes x 16 shares")
-    binaries: K8sBinaries = build_binaries(targets=("kube-apiserver", "kube-scheduler"))
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def run(binaries: K8sBinaries, args: argparse.Namespace, warmup: int) -> tuple[str, dict[str, float]]:
+    """One whole run on ``binaries``: the scheduler's reported version and the figures."""
     work = Path(tempfile.mkdtemp(prefix="ixdrasched"))
     logs = work / "logs"
     logs.mkdir()
     etcd = start_etcd(binaries, logs)
     results: dict[str, list[dict[str, float]]] = {layout: [] for layout in LAYOUTS}
+    version = "?"
     try:
         api = start_kube_apiserver(binaries, etcd, work / "apiserver", logs)
         try:
@@ -201,9 +187,17 @@ def main() -> int:
                 assert status == 201, reply
                 url = f"https://127.0.0.1:{port}/metrics"
 
-                def metrics() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+                def metrics() -> Samples:
                     return scrape(url, api.token)
 
+                version = next(
+                    (
+                        dict(labels).get("git_version", "?")
+                        for (n, labels) in metrics()
+                        if n == "kubernetes_build_info"
+                    ),
+                    "?",
+                )
                 phase(api, namespace, "plain", warmup, 9000, metrics)
                 if args.background_shares:
                     phase(api, namespace, "shared", args.background_shares, 10000, metrics)
@@ -230,25 +224,15 @@ def main() -> int:
             )
     for layout in [name for name in LAYOUTS if name != "plain"]:
         figures[f"{layout}_vs_plain"] = figures[f"{layout}_ms_per_claim"] / figures["plain_ms_per_claim"]
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "nodes_per_layout": args.nodes,
-                    "pods_per_phase": args.pods,
-                    "rounds": args.rounds,
-                    "background_shares": args.background_shares,
-                    **figures,
-                },
-                indent=2,
-            )
-        )
-        return 0
+    return version, figures
+
+
+def print_run(args: argparse.Namespace, version: str, figures: dict[str, float], wall_s: float) -> None:
     load = os.getloadavg()[0]
     print(
-        f"kube-scheduler v1.37.2, {args.nodes} nodes per layout (2 BI-V150 boards each), {args.rounds} "
+        f"kube-scheduler {version}, {args.nodes} nodes per layout (2 BI-V150 boards each), {args.rounds} "
         f"phases per layout of {args.pods} pods, one claim each; {args.background_shares} shares held "
-        f"beforehand; load average {load:.2f}"
+        f"beforehand; load average {load:.2f}; run {wall_s:.0f} s with setup"
     )
     print(f"  {'layout':<14} {'ms per claim':>12} {'wall s/phase':>12} {'vs plain':>9}  target")
     rows = []
@@ -263,7 +247,104 @@ def main() -> int:
         rows.append(f"  {layout:<14}" + "".join(f"{ms:>10.2f}" for ms in by_point))
     print("  ms per claim by extension point (every plugin of each):")
     print(f"  {'':<14}" + "".join(f"{point:>10}" for point in POINTS))
-    print("\n".join(rows))
+    print("\n".join(rows), flush=True)
+
+
+def print_side_by_side(runs: list[dict[str, Any]]) -> None:
+    """Every run's figures in one table, a column per run (in the order they ran)."""
+    heads = [f"{r['k8s_version']} #{r['repeat']}" for r in runs]
+    width = max(18, *(len(h) + 2 for h in heads))
+    print("side by side, ms per claim (x plain); then each layout's ms per claim by extension point:")
+    print(f"  {'':<24}" + "".join(f"{h:>{width}}" for h in heads))
+    for layout in LAYOUTS:
+        cells = []
+        for r in runs:
+            ratio = r.get(f"{layout}_vs_plain")
+            cell = f"{r[f'{layout}_ms_per_claim']:.2f}" + ("" if ratio is None else f" ({ratio:.2f}x)")
+            cells.append(f"{cell:>{width}}")
+        print(f"  {layout:<24}" + "".join(cells))
+    for point in POINTS:
+        for layout in LAYOUTS:
+            label = f"{point} {layout}"
+            print(
+                f"  {label:<24}" + "".join(f"{r[f'{layout}_{point}_ms_per_claim']:>{width}.2f}" for r in runs)
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--nodes", type=int, default=10, metavar="N", help="nodes per layout (default 10)")
+    parser.add_argument("--pods", type=int, default=16, metavar="P", help="pods per phase (default 16)")
+    parser.add_argument("--rounds", type=int, default=2, metavar="R", help="phases per layout (default 2)")
+    parser.add_argument(
+        "--background-shares",
+        type=int,
+        default=0,
+        metavar="S",
+        help="claims holding one memory share each, placed on the shared nodes before the measured "
+        "phases (the allocator checks every share in use when it counts a pool's counters; default 0)",
+    )
+    parser.add_argument(
+        "--versions",
+        default=CURRENT_K8S_VERSION,
+        metavar="V[,V...]",
+        help=f"Kubernetes versions of the apiserver and scheduler, run in turn "
+        f"(default {CURRENT_K8S_VERSION})",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="K", help="runs of each version, interleaved (default 1)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args()
+    warmup = 8
+    if args.nodes < 1 or args.pods < 1 or args.rounds < 1 or args.repeat < 1:
+        parser.error("--nodes, --pods, --rounds and --repeat must be at least 1")
+    if args.pods * args.rounds + warmup > args.nodes * 4:
+        parser.error(f"--pods x --rounds + {warmup} (warm-up) must fit in --nodes x 4 chips")
+    if args.background_shares < 0 or args.background_shares + args.pods * args.rounds > args.nodes * 16:
+        parser.error("--background-shares plus the shared phases' pods must fit in --nodes x 16 shares")
+    versions = [v.strip() for v in args.versions.split(",") if v.strip()]
+    if not versions:
+        parser.error("--versions names no version")
+    built = {
+        version: build_binaries(version, targets=("kube-apiserver", "kube-scheduler")) for version in versions
+    }
+    runs: list[dict[str, Any]] = []
+    for repeat in range(1, args.repeat + 1):
+        for version in versions:
+            start = time.monotonic()
+            reported, figures = run(built[version], args, warmup)
+            wall_s = time.monotonic() - start
+            runs.append(
+                {
+                    "k8s_version": version,
+                    "scheduler_version": reported,
+                    "repeat": repeat,
+                    "run_wall_s": wall_s,
+                    "load_average": os.getloadavg()[0],
+                    **figures,
+                }
+            )
+            if not args.json:
+                print_run(args, reported, figures, wall_s)
+    if args.json:
+        common = {
+            "nodes_per_layout": args.nodes,
+            "pods_per_phase": args.pods,
+            "rounds": args.rounds,
+            "background_shares": args.background_shares,
+        }
+        if len(runs) == 1:
+            print(json.dumps({**common, **runs[0]}, indent=2))
+        else:
+            print(json.dumps({**common, "runs": runs}, indent=2))
+        return 0
+    if len(runs) > 1:
+        print_side_by_side(runs)
     return 0
 
 

@@ -16,6 +16,10 @@
 # context and a lifecycle operation), so it compiles from v1.37 on. The oldest supported minor is
 # built for its apiserver alone:
 #   IX_K8S_VERSION=v1.35.4 bash tests/k8s/build.sh kube-apiserver
+# A pre-release (vX.Y.Z-suffix, e.g. v1.38.0-beta.0) takes its staging modules at v0.Y.Z-suffix. Where
+# the upstream go.mod needs a newer Go than the local toolchain, the build runs with
+# GOTOOLCHAIN=${IX_K8S_GOTOOLCHAIN:-go1.27.3} (otherwise GOTOOLCHAIN=local):
+#   IX_K8S_VERSION=v1.38.0-beta.0 bash tests/k8s/build.sh kube-apiserver kube-scheduler
 #
 # Output: ${IX_GPU_CACHE:-~/.cache/ix-gpu}/k8s-<version>-<harnesshash>/bin/. Binaries already there are
 # not built again; a later call that asks for more binaries adds them to the same directory. The cache
@@ -48,9 +52,11 @@ FAKE_CRI_SRC="$HERE/fake-cri"
 log() { printf '[k8s-build %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-[[ "$K8S_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "IX_K8S_VERSION must look like v1.35.4, got '$K8S_VERSION'"
+[[ "$K8S_VERSION" =~ ^v1\.([0-9]+)\.([0-9]+)(-[0-9A-Za-z.]+)?$ ]] ||
+    die "IX_K8S_VERSION must look like v1.35.4 or v1.38.0-beta.0, got '$K8S_VERSION'"
 K8S_MINOR="${BASH_REMATCH[1]}"
-STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}"
+# A pre-release's staging modules carry its suffix: v1.38.0-beta.0 -> v0.38.0-beta.0.
+STAGING_VERSION="v0.${BASH_REMATCH[1]}.${BASH_REMATCH[2]}${BASH_REMATCH[3]}"
 [[ -x "$GO" ]] || die "no Go toolchain at '$GO' (set GO=/path/to/go)"
 
 # Cache key: this script plus every harness and fake-cri source file (names and contents).
@@ -114,6 +120,18 @@ if complete; then
 fi
 
 export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
+# Where the upstream go.mod asks for a newer Go than the local toolchain (`go list -m` reads it under
+# GOTOOLCHAIN=local; `go mod download` would refuse), the go command runs $IX_K8S_GOTOOLCHAIN
+# instead, fetched once from the module proxy.
+UPSTREAM_GOMOD="$("$GO" list -m -json "k8s.io/kubernetes@$K8S_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')" || die "go list -m k8s.io/kubernetes@$K8S_VERSION failed"
+UP_GO="$(awk '$1 == "go" { print $2; exit }' "$UPSTREAM_GOMOD")"
+LOCAL_GO="$("$GO" env GOVERSION)"
+LOCAL_GO="${LOCAL_GO#go}"
+if [[ -n "$UP_GO" && "$(printf '%s\n%s\n' "$UP_GO" "$LOCAL_GO" | sort -V | tail -n 1)" != "$LOCAL_GO" ]]; then
+    export GOTOOLCHAIN="${IX_K8S_GOTOOLCHAIN:-go1.27.3}"
+    log "k8s.io/kubernetes@$K8S_VERSION needs Go $UP_GO, the local one is $LOCAL_GO: GOTOOLCHAIN=$GOTOOLCHAIN"
+fi
 log "Go: $("$GO" version); GOMODCACHE=$("$GO" env GOMODCACHE) GOCACHE=$("$GO" env GOCACHE)"
 log "Kubernetes $K8S_VERSION (staging modules $STAGING_VERSION), harness hash $HARNESS_HASH"
 log "output: $OUT"
@@ -204,7 +222,7 @@ log "built ${TODO[*]} in $((SECONDS - T))s"
 
 touch "$OUT"
 # Keep the three newest builds of this version (other checkouts may use older harness versions).
-ls -1dt "$CACHE_ROOT/k8s-$K8S_VERSION-"*/ 2>/dev/null | tail -n +4 | while read -r old; do
+ls -1dt "$CACHE_ROOT/k8s-$K8S_VERSION-"????????????/ 2>/dev/null | tail -n +4 | while read -r old; do
     log "removing old build $old"
     rm -rf "$old" "$CACHE_ROOT/.build-$(basename "$old").lock"
 done
