@@ -11,8 +11,10 @@
 #      mmdebstrap from Debian's packages, fetches containerd 1.7 (Debian's build, pinned by SHA-256),
 #      and builds the images its pods run (a local Debian base, the pause image, the project's
 #      Dockerfile, the training operator), beside the Go builds;
-#   5. runs pytest twice: everything but the tier (-m "not k8s") while the Go builds run at nice 10,
-#      then the tier itself (-m k8s, IX_GPU_K8S=1) once they are done. Extra arguments go to both.
+#   5. runs pytest: everything but the tier (-m "not k8s") while the Go builds run at nice 10; the
+#      webhook's tests again on the native build (build/native-tree: the request path compiled by
+#      mypyc, as the image ships it; scripts/native-tree.sh); then the tier itself (-m k8s,
+#      IX_GPU_K8S=1) once the builds are done. Extra arguments go to the first and the last.
 #
 # The real-node tests turn on the host settings they need (net.ipv4.ip_forward, inotify limits;
 # tests/k8s/host_settings.py) for their run and put them back afterwards. Where they cannot (not
@@ -69,6 +71,7 @@ bg helm bash tests/k8s/build-helm.sh                                          # 
 bg kwok bash tests/k8s/build-go-command.sh kwok                               # kwok v0.8.0
 bg etcd bash tests/k8s/build-go-command.sh etcd                               # etcd v3.6.16
 bg prometheus bash tests/k8s/build-go-command.sh prometheus                   # Prometheus 3.16.0
+bg native nice -n 10 bash scripts/native-tree.sh build/native-tree           # mypyc, about a minute
 if [[ $EUID -eq 0 ]]; then
     # The real-node tier: Debian packages first (the images need buildah), then its images (the
     # base image and pip mostly wait on downloads while Go compiles).
@@ -86,6 +89,16 @@ step "pytest: everything but the real-Kubernetes tier (beside the builds)"
 set +e
 .venv/bin/pytest -m "not k8s" --durations=15 "$@"
 unit_rc=$?
+set -e
+
+# The webhook's request path as the image runs it: compiled by mypyc. In a cold run this overlaps
+# the Go builds' tail.
+step "pytest: the webhook's tests on the native build (build/native-tree)"
+finish native
+set +e
+(cd build/native-tree && IX_GPU_EXPECT_COMPILED=1 ../../.venv/bin/pytest -m "not k8s" -p no:cacheprovider \
+    tests/test_native_build.py tests/webhook tests/service tests/serving/test_connection_slots.py)
+native_rc=$?
 set -e
 
 step "the builds finish"
@@ -113,10 +126,11 @@ if [[ -s "$IX_GPU_TIER_REPORT" ]]; then
     printf '   Run as root on a machine where the tier may set those host settings to prove it.\n'
 fi
 if ((unit_rc == 5 && k8s_rc == 5)); then exit 5; fi
-for rc in "$unit_rc" "$k8s_rc"; do
+for rc in "$unit_rc" "$native_rc" "$k8s_rc"; do
     if ((rc != 0 && rc != 5)); then
-        printf '\n== FAILED: pytest exited %d (everything but the tier) and %d (the tier)\n' "$unit_rc" "$k8s_rc"
+        printf '\n== FAILED: pytest exited %d (everything but the tier), %d (the native build), %d (the tier)\n' \
+            "$unit_rc" "$native_rc" "$k8s_rc"
         exit "$rc"
     fi
 done
-printf '\n== passed: both pytest runs (everything but the tier, then the tier)\n'
+printf '\n== passed: the three pytest runs (everything but the tier, the native build, the tier)\n'

@@ -19,8 +19,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.compiled import not_compiled
 from tests.support.files import short_tmp_dir
 from tests.support.paths import FAKE_DEVICES
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The run on the native build (IX_GPU_EXPECT_COMPILED=1, scripts/test.sh) must load every
+    compiled module from its extension, or it would only test the pure Python build again."""
+    if os.environ.get("IX_GPU_EXPECT_COMPILED") == "1" and (missing := not_compiled()):
+        raise pytest.UsageError("IX_GPU_EXPECT_COMPILED=1 but not compiled: " + ", ".join(missing))
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 REFUSED_TOTAL = "connections"
 """The refusal reason when every slot holds a connection in the middle of a request."""
@@ -51,12 +51,12 @@ _CLOSING = float("-inf")
 """The idle-since of a closing connection: older than any, so it goes first."""
 
 
-if TYPE_CHECKING:  # only annotations use it; the plugin's process is spared the class
-    from typing import Protocol
+class Evictable(Protocol):
+    """What the slots need of a connection. (At module level, not under ``TYPE_CHECKING``: the
+    webhook's build compiles this module with mypyc, which takes no class inside a block.)"""
 
-    class Evictable(Protocol):
-        def evict(self) -> None:
-            """Close the connection now, without an answer (it is idle: nobody waits for one)."""
+    def evict(self) -> None:
+        """Close the connection now, without an answer (it is idle: nobody waits for one)."""
 
 
 class _Idle:

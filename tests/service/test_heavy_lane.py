@@ -13,7 +13,6 @@ import pytest
 
 from ix_gpu.config.webhook_config import default_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
-from ix_gpu.webhook.service import admission_handler
 from ix_gpu.webhook.service.admission_handler import AdmissionHandler
 from ix_gpu.webhook.service.hot_reload import LiveConfig
 from ix_gpu.webhook.service.limits import HeavyLane, Limits, OverBudget, WorkerDied
@@ -157,13 +156,17 @@ def test_a_child_that_dies_is_a_denial_naming_the_internal_error(monkeypatch: py
     as an internal error (failurePolicy Fail would refuse it too) and counted."""
     handler, metrics = _handler()
 
+    loads = orjson.loads
+
     def die(body: bytes) -> object:  # runs in the child only: large reviews are parsed there
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable")
 
-    monkeypatch.setattr(admission_handler, "parse_review", die)
+    # The decoder's module attribute, not the handler's: the webhook's build compiles the handler,
+    # and compiled code looks up only a module's attributes at each call.
+    monkeypatch.setattr(orjson, "loads", die)
     status, body = asyncio.run(handler.handle(_large_review(), time.perf_counter()))
-    response = orjson.loads(body)["response"]
+    response = loads(body)["response"]
     assert status == 200 and response["allowed"] is False
     assert response["status"]["code"] == 500
     assert f"killed by signal {int(signal.SIGKILL)}" in response["status"]["message"]

@@ -13,7 +13,6 @@ import copy
 import os
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import jsonpatch
 import pytest
@@ -21,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ix_gpu.config.webhook_config import WebhookConfig, default_config, load_config, parse_config
-from ix_gpu.webhook.core import compiled_config
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import MutationResult, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate
@@ -32,10 +30,7 @@ SEED_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "seed-config.ya
 
 
 def _compiled(config: WebhookConfig, fast: bool) -> CompiledConfig:
-    if fast:
-        return CompiledConfig(config)
-    with mock.patch.object(compiled_config.ContainerFast, "of", staticmethod(lambda *_: None)):
-        return CompiledConfig(config)
+    return CompiledConfig(config, fast_path=fast)
 
 
 def _if_set(config: WebhookConfig) -> WebhookConfig:

@@ -127,7 +127,7 @@ class CompiledProfile:
     """The one-pass merge for a container of this profile alone, where the profile allows it."""
 
 
-def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
+def _compile_profile(index: int, profile: Profile, fast_path: bool) -> CompiledProfile:
     volumes = []
     for spec in profile.all_volumes():
         host_path: dict[str, Any] = {"path": spec.host_path}
@@ -156,7 +156,7 @@ def _compile_profile(index: int, profile: Profile) -> CompiledProfile:
         source=profile,
         requirement_refs=tuple(item_ref(r.get("key"), r) for r in requirements),
         toleration_refs=tuple(item_ref(t.get("key", ""), t) for t in tolerations),
-        fast=ContainerFast.of(tuple(volumes), env, profile.privileged.value),
+        fast=ContainerFast.of(tuple(volumes), env, profile.privileged.value) if fast_path else None,
     )
 
 
@@ -167,9 +167,11 @@ class CompiledConfig:
     depend on when they were added, so one instance is safe to share between concurrent requests.
     """
 
-    def __init__(self, config: WebhookConfig) -> None:
+    def __init__(self, config: WebhookConfig, *, fast_path: bool = True) -> None:
+        """``fast_path=False`` leaves every profile without its :class:`ContainerFast`, so each
+        container takes the general merge: the tests' reference for the fast path's answers."""
         self.digest = config.digest()
-        self.profiles = tuple(_compile_profile(i, p) for i, p in enumerate(config.profiles))
+        self.profiles = tuple(_compile_profile(i, p, fast_path) for i, p in enumerate(config.profiles))
         self.policy = config.policy
         self.any_privileged = any(p.privileged != Privileged.NEVER.value for p in self.profiles)
         """Some profile sets or may set ``privileged`` (else no review needs to know whether its

@@ -201,8 +201,8 @@ def _plan(
     plan = _Plan(kind)
     try:
         templates = find_templates(obj, workload.template_paths, MAX_TEMPLATES)
-    except TemplateKeyError as exc:
-        return denied(str(exc))
+    except TemplateKeyError as bad_key:
+        return denied(str(bad_key))
     if len(templates) > MAX_TEMPLATES:
         return denied(f"{kind} holds more than {MAX_TEMPLATES} pod templates, the most the webhook handles")
     gpu_container_count = 0
@@ -247,8 +247,8 @@ def _plan(
                     else []
                 )
                 plan.plans.append((template, containers, gpu_types))
-    except GpuRequestError as exc:
-        return denied(str(exc))
+    except GpuRequestError as bad_request:  # (its own name: mypyc types a name once per function)
+        return denied(str(bad_request))
     return plan
 
 

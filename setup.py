@@ -1,0 +1,48 @@
+"""Optional native build of the webhook's request path with mypyc.
+
+Everything is declared in pyproject.toml; this file only adds extension modules, and only when
+``IX_GPU_COMPILE=1``. Then the modules listed under ``[tool.ix-gpu] compiled`` (the mutation core,
+the AdmissionReview parse and answer, the exchange, the log line, the limits and the connection
+slots) are compiled from the same typed sources by mypyc, into C extensions that Python imports in
+place of the ``.py`` files. Same code, same tests; a 2 KB review costs about a third less CPU
+(docs/design.md). Without the variable the package is pure Python and behaves the same.
+
+The compile type-checks with the project's mypy settings, so mypy and every runtime dependency must
+be importable: build without isolation, after the dependencies are installed (as the Dockerfile does)::
+
+    pip install -c constraints.txt . mypy==<constraints' version>
+    IX_GPU_COMPILE=1 pip install --no-build-isolation --no-deps --force-reinstall .
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+
+
+def compiled_modules() -> list[str]:
+    """The source files to compile, from pyproject.toml (tests read the same list)."""
+    with open(HERE / "pyproject.toml", "rb") as file:
+        table = tomllib.load(file)["tool"]["ix-gpu"]
+    return [str(path) for path in table["compiled"]]
+
+
+def extensions() -> list[object]:
+    if os.environ.get("IX_GPU_COMPILE", "") != "1":
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        sys.exit("IX_GPU_COMPILE=1 needs mypy (mypyc) installed beside the build: pip install mypy")
+    # One shared library inside the package (ix_gpu/native__mypyc…so), so the wheel still holds one
+    # top-level name.
+    return list(mypycify(compiled_modules(), opt_level="3", group_name="ix_gpu.native"))
+
+
+setup(ext_modules=extensions())
