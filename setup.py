@@ -36,6 +36,8 @@ def compiled_modules() -> list[str]:
 def extensions() -> list[object]:
     if os.environ.get("IX_GPU_COMPILE", "") != "1":
         return []
+    if {"egg_info", "dist_info", "sdist"} & set(sys.argv[1:]):
+        return []  # metadata or sources only: mypyc would type-check and write C for nothing
     try:
         from mypyc.build import mypycify
     except ImportError:

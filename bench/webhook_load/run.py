@@ -5,8 +5,12 @@
 
 Servers, all started at once and each pinned to the same core (taskset), measured one at a time:
 
-- ``ix-gpu``: ``python -m ix_gpu webhook`` as shipped (built-in config, metrics, one JSON log line
-  per admission to a file, no kubeconfig);
+- ``ix-gpu``: ``python -m ix_gpu webhook`` as the image ships it: the request path compiled by
+  mypyc (``scripts/native-tree.sh`` builds a copy of this checkout into the work directory first,
+  about a minute); built-in config, metrics, one JSON log line per admission to a file, no
+  kubeconfig;
+- ``pure``: the same from this checkout's Python sources, uncompiled (``pip install .`` without
+  ``IX_GPU_COMPILE=1``);
 - ``go``: ``bench/go-webhook``, a Go standard-library webhook doing the same injection (built
   here into ``~/.cache/ix-gpu/``);
 - ``bare``: ``bare_app.py``, FastAPI + orjson and a hand-written injection of the same profile;
@@ -250,7 +254,7 @@ def main() -> None:
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--port", type=int, default=18943, help="the first of consecutive ports")
     parser.add_argument(
-        "--targets", default="ix-gpu,go,bare", help="comma-separated: ix-gpu, go, bare, floor"
+        "--targets", default="ix-gpu,go,pure", help="comma-separated: ix-gpu, go, pure, bare, floor"
     )
     parser.add_argument(
         "--tree", action="append", default=[], metavar="NAME=PATH", help="also ix-gpu from another checkout"
@@ -267,6 +271,10 @@ def main() -> None:
     if any(name == "go" for name, _ in targets):
         build_go()
     workdir = Path(tempfile.mkdtemp(prefix="ix-gpu-bench-"))
+    if any(name == "ix-gpu" for name, _ in targets):
+        native = workdir / "native-tree"
+        subprocess.run(["bash", str(ROOT / "scripts" / "native-tree.sh"), str(native)], check=True, cwd=ROOT)
+        targets = [(name, native if name == "ix-gpu" else tree) for name, tree in targets]
     certs = workdir / "certs"
     write_bundle(generate_bundle(["localhost"], ["127.0.0.1"]), certs)
     bodies = write_bodies(workdir / "bodies")

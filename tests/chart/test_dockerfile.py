@@ -123,6 +123,7 @@ def test_the_image_gets_every_package_and_file_the_build_needs() -> None:
         assert top in copied, f"package {top} is not copied into the image"
     assert project["project"]["readme"] in copied  # setuptools reads it for the metadata
     assert "pyproject.toml" in copied and CONSTRAINTS in copied
+    assert "setup.py" in copied  # the native build (IX_GPU_COMPILE=1)
 
 
 def test_multi_stage_slim_non_root_entrypoint() -> None:
@@ -147,14 +148,26 @@ def _pip_install_args(command: str) -> list[str]:
     return words[start + 1 :]
 
 
-def _dockerfile_install() -> list[str]:
+def _dockerfile_installs() -> list[list[str]]:
+    """Each ``pip install`` of the Dockerfile's RUN lines (one RUN may chain several with ``&&``)."""
     runs = [rest for keyword, rest in _instructions() if keyword == "RUN" and "pip install" in rest]
-    assert len(runs) == 1, runs
-    return _pip_install_args(runs[0])
+    commands = [c for run in runs for c in run.split("&&") if "pip install" in c]
+    return [_pip_install_args(c) for c in commands]
 
 
 def test_the_image_installs_from_the_constraints_file() -> None:
-    assert _dockerfile_install() == ["--no-compile", "-c", CONSTRAINTS, "."]
+    """Everything the image installs is pinned; the package goes in twice, pure with its
+    dependencies, then compiled (setup.py's IX_GPU_COMPILE) without isolation, so that mypyc
+    type-checks against the pinned dependencies; its build tools stay outside the venv."""
+    pure, tools, native = _dockerfile_installs()
+    assert pure == ["--no-compile", "-c", CONSTRAINTS, "."]
+    assert tools[:2] == ["--no-compile", "--target"] and not tools[2].startswith("/opt/ix-gpu")
+    assert ("-c", CONSTRAINTS) in itertools.pairwise(tools) and "mypy" in tools and "setuptools" in tools
+    assert native[-3:] == ["-c", CONSTRAINTS, "."] and "--no-build-isolation" in native
+    (run,) = [rest for keyword, rest in _instructions() if keyword == "RUN" and "IX_GPU_COMPILE=1" in rest]
+    assert f"PYTHONPATH={tools[2]}" in run
+    final = _stages()[-1]
+    assert not any(tools[2] in rest for keyword, rest in final if keyword == "COPY"), "build tools shipped"
 
 
 def test_the_image_compiles_its_bytecode_independent_of_file_times() -> None:

@@ -2,8 +2,9 @@
 # Build the container images the real-node tier runs, with no registry and no image download:
 #
 #   base    docker.io/library/python:3.11-slim-bookworm, the Dockerfile's default PYTHON_IMAGE,
-#           stood in for by Debian bookworm made with mmdebstrap (python3 3.11, venv, `python` on
-#           PATH, ca-certificates), so the project's Dockerfile builds unchanged with --pull=never;
+#           stood in for by Debian bookworm made with mmdebstrap (python3 3.11, venv, Python's
+#           headers as the official image has them, `python` on PATH, ca-certificates, apt's sources),
+#           so the project's Dockerfile builds unchanged with --pull=never;
 #   pause   registry.k8s.io/pause:3.10, the pod sandbox image, from tests/k8s/images/pause.c (static);
 #   ix-gpu  localhost/ix-gpu:<content hash>, built from the project's Dockerfile with buildah;
 #   training-operator  localhost/training-operator:<version>-<hash>: a scratch image holding the
@@ -38,7 +39,7 @@ CA_BUNDLE="${IX_GPU_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 MIRROR="${IX_GPU_DEBIAN_MIRROR:-}"
 
 BASE_REF="docker.io/library/python:3.11-slim-bookworm"
-BASE_RECIPE="bookworm minbase python3,python3-venv,python-is-python3,ca-certificates nodoc"
+BASE_RECIPE="bookworm minbase python3,python3-venv,python3-dev,python-is-python3,ca-certificates nodoc"
 PAUSE_REF="registry.k8s.io/pause:3.10"
 PROJECT_REPO="localhost/ix-gpu"
 
@@ -79,7 +80,7 @@ if [[ "$(label_of "$BASE_REF")" != "$BASE_KEY" ]]; then
     tmp="$(mktemp -d)"
     trap 'rm -rf "$tmp"' EXIT
     # Debian's mirror from the host's apt sources unless one is given.
-    mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+    mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,python3-dev,python-is-python3,ca-certificates \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         bookworm "$tmp/base.tar" ${MIRROR:+"$MIRROR"} >&2 || die "mmdebstrap failed"
@@ -116,7 +117,7 @@ PROJECT_KEY="$(
     cd "$ROOT"
     {
         echo "$BASE_KEY"
-        find Dockerfile .dockerignore pyproject.toml README.md constraints.txt ix_gpu -type f \
+        find Dockerfile .dockerignore pyproject.toml setup.py README.md constraints.txt ix_gpu -type f \
             ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort |
             while read -r f; do printf '%s\n' "$f"; sha256sum <"$f"; done
     } | key_of

@@ -54,6 +54,7 @@ from tests.k8s.real_release import (
     library_pod,
     open_release,
 )
+from tests.support.compiled import compiled_sources, module_name
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
@@ -82,6 +83,17 @@ for source in glob.glob("/opt/ix-gpu/lib/python3.11/site-packages/**/*.py", recu
     stale += flags == 0 and (mtime, size) != (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)
 print(f"bytecode: {stale} stale, {missing} missing")
 """
+
+
+def _native_probe() -> str:
+    """Python that prints how many of the modules the native build compiles load compiled (double
+    quotes only: it goes inside a single-quoted shell word)."""
+    names = json.dumps([module_name(source) for source in compiled_sources()])
+    return (
+        f"import importlib; names = {names}; "
+        'n = sum(importlib.import_module(m).__file__.endswith(".so") for m in names); '
+        'print("native:", n, "of", len(names))'
+    )
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +137,8 @@ def test_the_image_as_a_user_checks_it(release: Release) -> None:
         "python -c 'import setuptools' 2>/dev/null && echo found setuptools; "
         "du -sk /opt/ix-gpu; "
         "cd /opt/ix-gpu/lib/python3.11/site-packages && du -sk * | sort -n | tail -5; "
-        f"python -c '{STALE_BYTECODE}'"
+        f"python -c '{STALE_BYTECODE}'; "
+        f"python -c '{_native_probe()}'"
     )
     out = node.run_in_image(release.image, ["sh", "-c", script])
     print(f"\n{release.image}:\n{out}")
@@ -136,6 +149,9 @@ def test_the_image_as_a_user_checks_it(release: Release) -> None:
     # Every process in the image imports from bytecode it ships: a stale pyc is recompiled at each
     # start, which doubles a start's memory peak (the kubernetes client's core_v1_api alone).
     assert "bytecode: 0 stale, 0 missing" in out, out
+    # The webhook's request path as the Dockerfile builds it: compiled by mypyc, every listed module.
+    compiled = len(compiled_sources())
+    assert f"native: {compiled} of {compiled}" in out, out
     print(f"image size (compressed layers, as containerd lists it): {node.image_size(release.image)}")
 
 
