@@ -41,6 +41,7 @@ import os
 import shutil
 import signal
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -217,8 +218,9 @@ def report(servers: list[Server], bodies: dict[str, Path], rounds: int) -> str:
                 for m, o in zip(main.runs[body], other.runs[body], strict=True)
             ]
             lines.append(
-                f"{body}: {main.name} / {other.name}: throughput {_span(rps, '.2f')}x, "
-                f"CPU per request {_span(cpu, '.2f')}x ({rounds} rounds)"
+                f"{body}: {main.name} / {other.name}: throughput {_span(rps, '.2f')}x "
+                f"(median {statistics.median(rps):.2f}x), CPU per request {_span(cpu, '.2f')}x "
+                f"(median {statistics.median(cpu):.2f}x) ({rounds} rounds)"
             )
     return "\n".join(lines)
 
