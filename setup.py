@@ -27,11 +27,12 @@ from setuptools import setup
 HERE = Path(__file__).resolve().parent
 
 
-def compiled_modules() -> list[str]:
-    """The source files to compile, from pyproject.toml (tests read the same list)."""
+def compiled_groups() -> tuple[list[str], list[str]]:
+    """The source files to compile, from pyproject.toml (tests read the same lists): the webhook's
+    own, and those the node agents import too."""
     with open(HERE / "pyproject.toml", "rb") as file:
         table = tomllib.load(file)["tool"]["ix-gpu"]
-    return [str(path) for path in table["compiled"]]
+    return [str(path) for path in table["compiled"]], [str(path) for path in table["compiled-shared"]]
 
 
 def extensions() -> list[object]:
@@ -43,9 +44,12 @@ def extensions() -> list[object]:
         from mypyc.build import mypycify
     except ImportError:
         sys.exit("IX_GPU_COMPILE=1 needs mypy (mypyc) installed beside the build: pip install mypy")
-    # One shared library inside the package (ix_gpu/native__mypyc…so), so the wheel still holds one
-    # top-level name.
-    return list(mypycify(compiled_modules(), opt_level="3", group_name="ix_gpu.native"))
+    # Two shared libraries inside the package (ix_gpu/native__mypyc…so for the webhook,
+    # ix_gpu/native_shared__mypyc…so for what the node agents load too), so the wheel still holds one
+    # top-level name and an agent maps only the small one.
+    webhook, shared = compiled_groups()
+    groups = [(webhook, "ix_gpu.native"), (shared, "ix_gpu.native_shared")]
+    return list(mypycify(webhook + shared, opt_level="3", separate=groups))
 
 
 setup(ext_modules=extensions())

@@ -3,7 +3,10 @@ of the suite knows which build it tests."""
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
+import sys
 
 from tests.support.compiled import compiled_sources, not_compiled
 from tests.support.paths import ROOT
@@ -36,3 +39,21 @@ def test_this_run_tests_the_build_it_says() -> None:
         assert missing == []
     else:
         assert len(missing) == len(compiled_sources())
+
+
+def test_the_node_agents_load_only_the_small_library() -> None:
+    """The plugin and DRA import the connection slots and the log line, never the webhook's core:
+    they map ``native_shared`` alone (about 1.5 MiB of RSS less than the webhook's library)."""
+    probe = (
+        "import sys, ix_gpu.plugin.startup, ix_gpu.plugin.server.app, ix_gpu.dra.cli, "
+        "ix_gpu.serving.agent_http; "
+        "print(sorted(m for m in sys.modules if m.endswith('__mypyc')))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = ast.literal_eval(done.stdout.strip())
+    compiled = os.environ.get("IX_GPU_EXPECT_COMPILED") == "1"
+    assert loaded == (["ix_gpu.native_shared__mypyc"] if compiled else []), loaded

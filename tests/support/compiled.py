@@ -17,8 +17,10 @@ from tests.support.paths import ROOT
 
 
 def compiled_sources(root: Path = ROOT) -> list[str]:
+    """Both groups: the webhook's own modules and those the node agents share."""
     with open(root / "pyproject.toml", "rb") as file:
-        return list(tomllib.load(file)["tool"]["ix-gpu"]["compiled"])
+        table = tomllib.load(file)["tool"]["ix-gpu"]
+    return [*table["compiled"], *table["compiled-shared"]]
 
 
 def module_name(source: str) -> str:
