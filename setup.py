@@ -2,11 +2,11 @@
 
 Everything is declared in pyproject.toml; this file only adds extension modules, and only when
 ``IX_GPU_COMPILE=1``. Then the modules listed under ``[tool.ix-gpu] compiled`` (the mutation core,
-the AdmissionReview parse and answer, the handler, the exchange, the metrics, the log line and the
-connection slots) are compiled from the same typed sources by mypyc, into C extensions that Python
-imports in place of the ``.py`` files. Same code, same tests; a 2 KB review costs 0.66-0.96x the CPU
-of pure Python (docs/benchmarks.md; why mypyc: docs/design.md). Without the variable the package is
-pure Python and behaves the same.
+the AdmissionReview parse and answer, the handler, the exchange, the metrics) and ``compiled-shared``
+(the log line and the connection slots, which the node agents import too) are compiled from the
+same typed sources by mypyc, into C extensions that Python imports in place of the ``.py`` files.
+Same code, same tests; a 2 KB review costs 0.66-0.96x the CPU of pure Python (docs/benchmarks.md;
+why mypyc: docs/design.md). Without the variable the package is pure Python and behaves the same.
 
 The compile type-checks with the project's mypy settings, so mypy and every runtime dependency must
 be importable: build without isolation, after the dependencies are installed (as the Dockerfile does)::
