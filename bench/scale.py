@@ -4,7 +4,7 @@
         [--pods 1000] [--rate 50]
         [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst|new-namespaces[+...]]
         [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3]
-        [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--json]
+        [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--settle 180] [--json]
 
 Needs root (the mini cluster's kubelets use mount namespaces) and the tier's binaries
 (``tests/k8s/build.sh``, kwok from ``tests/k8s/build-go-command.sh kwok``). ``--runtime
@@ -19,8 +19,9 @@ to see what a webhook adds to the burst side by side (containerd only; ``tests/k
 scheduler and kubelets see the same pods), ``go`` (``bench/go-webhook``, the Go standard-library
 reference, in real containers deployed as the chart deploys ix-gpu's, registered with the chart's
 own MutatingWebhookConfiguration; it honours no opt-out and injects no ``gpu-type`` node affinity)
-and ``ix-gpu``. ``--rounds N`` runs the arms N times in interleaved order (none, go, ix-gpu, none,
-...), each on a fresh cluster of the same size with the same burst, and prints a side-by-side table
+and ``ix-gpu``. ``--rounds N`` runs the arms N times, interleaved, the order turned by one each
+round (none, go, ix-gpu; go, ix-gpu, none; ...), each on a fresh cluster of the same size with the
+same burst, each burst begun once the CPUs settle (``--settle``), and prints a side-by-side table
 of the medians (``tests/k8s/burst_compare.py``), ratios ix-gpu/none and go/none of create p99 and
 startup p99, and each run's checks; ``--json`` prints the same with every run's figures. e.g.
 
@@ -72,6 +73,14 @@ def main() -> int:
     parser.add_argument("--replicas", type=int, default=3, help="webhook replicas (containerd)")
     parser.add_argument("--webhook", default="ix-gpu", help="ix-gpu, none, go, or several: a,b,c")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the --webhook arms")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="before each burst, wait up to this long for the CPUs to settle (quiet, or no longer "
+        "falling); 0: start at once (default 180)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unknown = [f for f in args.fault.split("+") if f not in FAULTS]
@@ -89,7 +98,7 @@ def main() -> int:
                 Path(work), arms, args.rounds, run,
                 kwok_nodes=args.kwok_nodes, kwok_boards=args.kwok_boards, namespaces=args.namespaces,
                 pods=args.pods, rate=args.rate, fault=args.fault, runtime=args.runtime,
-                replicas=args.replicas, new_namespaces=args.new_namespaces,
+                replicas=args.replicas, new_namespaces=args.new_namespaces, settle_max_s=args.settle,
             )  # fmt: skip
             print(json.dumps(compared) if args.json else table(compared))
             return 0
@@ -105,6 +114,7 @@ def main() -> int:
             runtime=args.runtime,
             replicas=args.replicas,
             new_namespaces=args.new_namespaces,
+            settle_max_s=args.settle,
         )
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0

@@ -57,7 +57,7 @@ from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.kube.kubeconfig import read_kubeconfig
 from ix_gpu.kube.list_watch import WatchStream
 from ix_gpu.webhook.core.decision import NamespaceFacts
-from tests.k8s import kwok
+from tests.k8s import host_quiet, kwok
 from tests.k8s.burst_arms import scheduler_figures, scheduler_metrics, start_arm
 from tests.k8s.burst_fresh import PREFIX as FRESH
 from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
@@ -330,6 +330,7 @@ def run(
     kwok_boards: int = 4,
     new_namespaces: int = NEW_NAMESPACES,
     arm: str = "ix-gpu",
+    settle_max_s: float = 0.0,
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
     Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
@@ -337,7 +338,9 @@ def run(
     nodes with ``replicas`` webhook replicas in real containers (root, and the real-node tier's
     images). ``kwok_boards``: boards per simulated node (4 time-sliced GPUs each).
     ``new_namespaces``: how many the ``new-namespaces`` fault creates over the burst. ``arm``: the
-    webhook, ``ix-gpu``, ``go`` or ``none`` (``burst_arms.py``; the last two on containerd only)."""
+    webhook, ``ix-gpu``, ``go`` or ``none`` (``burst_arms.py``; the last two on containerd only).
+    ``settle_max_s``: wait up to this long for the machine to settle before the burst
+    (``host_quiet.settle``; 0: start at once), and report how busy it was when the burst began."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
@@ -412,6 +415,10 @@ def run(
                     burst.create(namespace, f"burst-{i:05d}", False)
             info["seconds"] = round(time.monotonic() - at, 2)
 
+        if settle_max_s > 0:
+            settled = host_quiet.settle(max_s=settle_max_s)
+            result["settle_s"], result["settle_reason"] = settled.waited_s, settled.reason
+            result["busy_at_start"] = settled.busy_at_start
         cpu_before = cpu_of(webhook)
         # The histograms are read before and after: the burst's figures are their difference.
         apiserver_before = str(api.request("GET", "/metrics")[1])

@@ -1,7 +1,11 @@
 """The webhook arms side by side (``bench/scale.py --webhook none,go,ix-gpu --rounds N``): the
-same burst on the same cluster size once per arm per round, in interleaved order (none, go,
-ix-gpu, none, go, ix-gpu, ...), each run on a fresh cluster as ``burst.run`` makes one, so load
-that drifts on a shared machine falls on every arm alike. What each arm is: ``burst_arms.py``.
+same burst on the same cluster size once per arm per round, interleaved, each run on a fresh
+cluster as ``burst.run`` makes one, so load that drifts on a shared machine falls on every arm
+alike. The order turns by one arm each round (none, go, ix-gpu; go, ix-gpu, none; ix-gpu, none,
+go; ...), so that over as many rounds as arms each arm runs once in each place, and none always
+follows the same one's teardown. Before each burst the machine is let settle
+(``host_quiet.settle``, up to ``settle_max_s``), and how busy it was when the burst began is
+reported beside the figures. What each arm is: ``burst_arms.py``.
 
 Per arm, the median over its rounds of: pod create p50/p99 as the client saw it; admission p50/p99
 as the apiserver measured it (``apiserver_admission_webhook_admission_duration_seconds``, the
@@ -11,7 +15,8 @@ the burst's difference); and pods stored per second. Ratios ix-gpu/none and go/n
 p99 and startup p99, of those medians. And the checks of each run: GPU pods stored without the
 injection (0; for none, pods lacking a pre-applied field), opted-out pods injected (0; not checked
 for go, whose webhook reads no namespace), with the machine's 1-minute load average at the run's
-start and end (what else ran beside it on a shared machine).
+start and end, the settling wait and the CPUs' busy share when the burst began (what else ran
+beside it on a shared machine).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ FIGURES = (
 RATIOS = ("create_p99_ms", "startup_p99_ms")
 CHECKS = (
     "loadavg_1m",
+    "settle_s",
+    "busy_at_start",
     "pods_created",
     "running",
     "gpu_pods_unmutated",
@@ -53,14 +60,20 @@ def parse_arms(text: str) -> list[str]:
     return arms
 
 
+def arm_order(arms: list[str], round_: int) -> list[str]:
+    """The arms of round ``round_`` (from 1): ``arms`` turned left by ``round_ - 1``."""
+    turn = (round_ - 1) % len(arms)
+    return arms[turn:] + arms[:turn]
+
+
 def run_arms(
     work: Path, arms: list[str], rounds: int, run: Callable[..., dict[str, Any]], **burst: Any
 ) -> dict[str, Any]:
-    """``rounds`` rounds of every arm in turn, each ``run(work/<round>-<arm>, arm=..., **burst)``
-    (``burst.run``); the runs and their summary."""
+    """``rounds`` rounds of every arm, in :func:`arm_order`, each
+    ``run(work/<round>-<arm>, arm=..., **burst)`` (``burst.run``); the runs and their summary."""
     runs = []
     for round_ in range(1, rounds + 1):
-        for arm in arms:
+        for arm in arm_order(arms, round_):
             where = work / f"{round_}-{arm}"
             where.mkdir()
             load_before = os.getloadavg()[0]
@@ -109,7 +122,7 @@ def table(result: dict[str, Any]) -> str:
     """The summary as a side-by-side text table, then the ratios and each run's checks."""
     arms, summary = result["arms"], result["summary"]
     width = max(len(label) for label, _ in FIGURES)
-    lines = [f"median of {result['rounds']} round(s), interleaved {', '.join(arms)}"]
+    lines = [f"median of {result['rounds']} round(s) of {', '.join(arms)}, the order turned each round"]
     lines.append(" " * width + "".join(f"{arm:>12}" for arm in arms))
     for label, key in FIGURES:
         lines.append(f"{label:<{width}}" + "".join(f"{_cell(summary[arm][key]):>12}" for arm in arms))

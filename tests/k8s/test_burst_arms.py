@@ -6,6 +6,8 @@ core alone, with the config the real-node chart values give (the nodes' driver r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from ix_gpu.config.webhook_config import default_config, parse_config
@@ -15,7 +17,8 @@ from ix_gpu.webhook.core.mutation import mutate
 from tests.k8s import real_nodes
 from tests.k8s.burst import gpu_pod, namespace_facts
 from tests.k8s.burst_arms import PreApplied
-from tests.k8s.burst_compare import parse_arms
+from tests.k8s.burst_compare import arm_order, parse_arms
+from tests.k8s.host_quiet import busy_share, cpu_times, settle
 
 
 def _real_node_config() -> PreApplied:
@@ -56,3 +59,47 @@ def test_arms_are_a_comma_list_of_distinct_known_arms() -> None:
     for bad in ("", "none,none", "python"):
         with pytest.raises(ValueError):
             parse_arms(bad)
+
+
+def test_the_arm_order_turns_so_each_arm_runs_once_in_each_place() -> None:
+    arms = ["none", "go", "ix-gpu"]
+    orders = [arm_order(arms, r) for r in (1, 2, 3, 4)]
+    assert orders[0] == arms
+    assert orders[1] == ["go", "ix-gpu", "none"]
+    assert orders[3] == orders[0]
+    for place in range(3):
+        assert sorted(order[place] for order in orders[:3]) == sorted(arms)
+
+
+def _windows(*shares: float) -> Callable[[float], float]:
+    it = iter(shares)
+    return lambda _window: next(it)
+
+
+def test_settling_stops_at_the_first_quiet_window() -> None:
+    settled = settle(quiet=0.35, window_s=0, sample=_windows(0.9, 0.6, 0.3, 0.1))
+    assert (settled.reason, settled.shares, settled.busy_at_start) == ("quiet", [0.9, 0.6, 0.3], 0.3)
+
+
+def test_settling_stops_once_the_busy_share_stops_falling() -> None:
+    settled = settle(
+        quiet=0.35,
+        window_s=0,
+        flat_windows=3,
+        flat_by=0.03,
+        sample=_windows(0.9, 0.7, 0.6, 0.61, 0.59, 0.6, 0.1),
+    )
+    assert settled.reason == "steady"
+    assert settled.shares == [0.9, 0.7, 0.6, 0.61, 0.59, 0.6]
+
+
+def test_settling_gives_up_at_its_limit() -> None:
+    settled = settle(quiet=0.35, window_s=0, max_s=0, sample=_windows(0.9, 0.5))
+    assert (settled.reason, settled.shares) == ("max_s", [0.9])
+
+
+def test_the_busy_share_is_read_from_the_cpu_counters() -> None:
+    counters = iter([(100, 1000), (160, 1100)])
+    assert busy_share(0, times=lambda: next(counters)) == 0.6
+    busy, total = cpu_times()
+    assert 0 <= busy <= total
