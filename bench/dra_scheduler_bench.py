@@ -3,7 +3,7 @@ dra`` publishes: plain per-chip slices against partitionable boards (each board 
 with counter sets), shared chips (memory shares) and both at once, on the same run.
 
     .venv/bin/python bench/dra_scheduler_bench.py [--nodes 10] [--pods 20] [--rounds 2] [--json]
-        [--versions v1.37.2,v1.38.0-beta.0 [--repeat 2]]
+        [--versions v1.37.2,v1.38.0-beta.0 [--repeat 2]] [--profile DIR [--profile-seconds 20]]
 
 A real etcd, kube-apiserver and kube-scheduler of one Kubernetes version on loopback (tests/k8s's
 helpers; binaries from the tests/k8s/build.sh cache, or ``IX_GPU_K8S_BIN`` for v1.37.2). The
@@ -23,7 +23,9 @@ claim per pod, per claim; ``scheduler_framework_extension_point_duration_seconds
 by extension point (PreFilter, Filter, Score, Reserve, PreBind; all plugins of each, of which the
 DynamicResources plugin's allocation is the Filter's bulk for these pods), to show where a layout's
 extra time goes. The target: partitionable and shared within 1.2x of plain. Each run's header names
-the scheduler's version as its own ``kubernetes_build_info`` metric reports it.
+the scheduler's version as its own ``kubernetes_build_info`` metric reports it. ``--profile DIR``
+adds one phase per layout under kube-scheduler's CPU profile (``bench/scheduler_profile.py``), to
+say in which functions a layout's extra time goes.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from bench.scheduler_profile import profiled, top  # noqa: E402
 from tests.k8s.dra_pools import (  # noqa: E402
     RESOURCE_API,
     chips,
@@ -155,8 +158,11 @@ def phase(
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def run(binaries: K8sBinaries, args: argparse.Namespace, warmup: int) -> tuple[str, dict[str, float]]:
-    """One whole run on ``binaries``: the scheduler's reported version and the figures."""
+def run(
+    binaries: K8sBinaries, args: argparse.Namespace, warmup: int, tag: str = ""
+) -> tuple[str, dict[str, float]]:
+    """One whole run on ``binaries``: the scheduler's reported version and the figures; with
+    ``args.profile``, then one more phase per layout under a CPU profile (``<tag>-<layout>.pprof``)."""
     work = Path(tempfile.mkdtemp(prefix="ixdrasched"))
     logs = work / "logs"
     logs.mkdir()
@@ -206,6 +212,15 @@ def run(binaries: K8sBinaries, args: argparse.Namespace, warmup: int) -> tuple[s
                         results[layout].append(
                             phase(api, namespace, layout, args.pods, r * args.pods, metrics)
                         )
+                if args.profile:
+                    for layout in LAYOUTS:
+                        first = args.rounds * args.pods
+
+                        def one(layout: str = layout, first: int = first) -> None:
+                            phase(api, namespace, layout, args.pods, first, metrics)
+
+                        out = Path(args.profile) / f"{tag}-{layout}.pprof"
+                        profiled(url.removesuffix("/metrics"), api.token, args.profile_seconds, out, one)
             finally:
                 scheduler.stop()
         finally:
@@ -248,6 +263,17 @@ def print_run(args: argparse.Namespace, version: str, figures: dict[str, float],
     print("  ms per claim by extension point (every plugin of each):")
     print(f"  {'':<14}" + "".join(f"{point:>10}" for point in POINTS))
     print("\n".join(rows), flush=True)
+
+
+def print_profiles(where: Path, tag: str) -> None:
+    """Each layout's profiled phase against plain's, the claim's scheduling functions only."""
+    plain = where / f"{tag}-plain.pprof"
+    print(f"  CPU profile, plain ({plain}), by cumulative time:")
+    print(top(plain))
+    for layout in [name for name in LAYOUTS if name != "plain"]:
+        profile = where / f"{tag}-{layout}.pprof"
+        print(f"  CPU profile, {layout} less plain ({profile}):")
+        print(top(profile, base=plain))
 
 
 def print_side_by_side(runs: list[dict[str, Any]]) -> None:
@@ -298,15 +324,30 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, metavar="K", help="runs of each version, interleaved (default 1)"
     )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="after the measured rounds, one more phase per layout under kube-scheduler's CPU "
+        "profile, written to DIR/<version>-<repeat>-<layout>.pprof, and each layout's profile "
+        "printed against plain's (go tool pprof -top -diff_base)",
+    )
+    parser.add_argument(
+        "--profile-seconds", type=int, default=20, metavar="S", help="each profile's window (default 20)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
     warmup = 8
     if args.nodes < 1 or args.pods < 1 or args.rounds < 1 or args.repeat < 1:
         parser.error("--nodes, --pods, --rounds and --repeat must be at least 1")
-    if args.pods * args.rounds + warmup > args.nodes * 4:
-        parser.error(f"--pods x --rounds + {warmup} (warm-up) must fit in --nodes x 4 chips")
-    if args.background_shares < 0 or args.background_shares + args.pods * args.rounds > args.nodes * 16:
+    phases = args.rounds + (1 if args.profile else 0)
+    if args.pods * phases + warmup > args.nodes * 4:
+        parser.error(
+            f"--pods x --rounds (+1 with --profile) + {warmup} (warm-up) must fit in --nodes x 4 chips"
+        )
+    if args.background_shares < 0 or args.background_shares + args.pods * phases > args.nodes * 16:
         parser.error("--background-shares plus the shared phases' pods must fit in --nodes x 16 shares")
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     versions = [v.strip() for v in args.versions.split(",") if v.strip()]
     if not versions:
         parser.error("--versions names no version")
@@ -317,7 +358,8 @@ def main() -> int:
     for repeat in range(1, args.repeat + 1):
         for version in versions:
             start = time.monotonic()
-            reported, figures = run(built[version], args, warmup)
+            tag = f"{version}-{repeat}"
+            reported, figures = run(built[version], args, warmup, tag)
             wall_s = time.monotonic() - start
             runs.append(
                 {
@@ -331,6 +373,8 @@ def main() -> int:
             )
             if not args.json:
                 print_run(args, reported, figures, wall_s)
+                if args.profile:
+                    print_profiles(Path(args.profile), tag)
     if args.json:
         common = {
             "nodes_per_layout": args.nodes,
