@@ -64,6 +64,7 @@ from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
 from tests.k8s.burst_webhook import (
     WebhookUnderTest,
     admission_figures,
+    cpu_by_replica,
     cpu_of,
     rss_by_replica,
     webhook_figures,
@@ -419,7 +420,7 @@ def run(
             settled = host_quiet.settle(max_s=settle_max_s)
             result["settle_s"], result["settle_reason"] = settled.waited_s, settled.reason
             result["busy_at_start"] = settled.busy_at_start
-        cpu_before = cpu_of(webhook)
+        cpu_before, shares_before = cpu_of(webhook), cpu_by_replica(webhook)
         # The histograms are read before and after: the burst's figures are their difference.
         apiserver_before = str(api.request("GET", "/metrics")[1])
         scheduler_before = scheduler_metrics(cluster)
@@ -453,6 +454,11 @@ def run(
         reviews = len(burst.created)
         # A killed replica's CPU up to its kill included, and its restart's start-up.
         result["webhook_cpu_ms_per_review"] = round((cpu_of(webhook) - cpu_before) / reviews * 1000, 2)
+        # Each replica's share of the burst's CPU (a replica restarted in it: its new process's).
+        shares = cpu_by_replica(webhook)
+        result["webhook_cpu_s_by_replica"] = sorted(
+            (round(cpu - shares_before.get(name, 0.0), 2) for name, cpu in shares.items()), reverse=True
+        )
 
         startup = [watch.running[k] - burst.created[k] for k in burst.created if k in watch.running]
         scheduling = {

@@ -16,7 +16,8 @@ p99 and startup p99, of those medians. And the checks of each run: GPU pods stor
 injection (0; for none, pods lacking a pre-applied field), opted-out pods injected (0; not checked
 for go, whose webhook reads no namespace), with the machine's 1-minute load average at the run's
 start and end, the settling wait and the CPUs' busy share when the burst began (what else ran
-beside it on a shared machine).
+beside it on a shared machine), and how the burst's webhook CPU (and, for ix-gpu, its reviews)
+fell on each replica.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ CHECKS = (
     "gpu_pods_unmutated",
     "opted_out_pods_mutated",
     "preapplied_pods_lacking",
+    "webhook_cpu_s_by_replica",
+    "webhook_reviews_by_replica",
 )
 
 

@@ -77,9 +77,9 @@ def cpu_of(webhook: WebhookUnderTest) -> float:
     return running + webhook.killed.cpu_s
 
 
-def all_metrics(webhook: WebhookUnderTest) -> str:
-    """The running replicas' /metrics and the killed ones' last, joined: histograms add up."""
-    return "\n".join([*webhook.metrics(), *webhook.killed.metrics])
+def cpu_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
+    """CPU seconds of each replica running now (by pod name): how the work was shared."""
+    return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in webhook.replica_pids().items()}
 
 
 def admission_figures(before: str, after: str) -> dict[str, Any]:
@@ -96,11 +96,16 @@ def admission_figures(before: str, after: str) -> dict[str, Any]:
 
 
 def webhook_figures(webhook: WebhookUnderTest) -> dict[str, Any]:
-    """The webhook's own review histogram: the running replicas' and the killed ones' last."""
+    """The webhook's own review histogram: the running replicas' and the killed ones' last; and
+    how the reviews were shared among the running replicas (the apiserver keeps its connections,
+    so one replica can get most of them)."""
     family = "ix_gpu_admission_duration_seconds"
-    own = buckets_of(all_metrics(webhook), family, {})
+    running = webhook.metrics()
+    own = buckets_of("\n".join([*running, *webhook.killed.metrics]), family, {})
     killed = buckets_of("\n".join(webhook.killed.metrics), family, {})
+    shares = [int(buckets_of(text, family, {}).get(float("inf"), 0)) for text in running]
     return {
+        "webhook_reviews_by_replica": sorted(shares, reverse=True),
         "webhook_reviews_counted": int(own.get(float("inf"), 0)),
         "webhook_reviews_counted_before_kills": int(killed.get(float("inf"), 0)),
         "webhook_p99_ms": ms(buckets_quantile(own, 0.99)),
