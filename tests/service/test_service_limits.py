@@ -22,6 +22,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from ix_gpu.webhook.service.limit_settings import Limits
 from tests.support.adversarial import MAX_BODY, near_limit_body
 from tests.support.https_client import (
     KeepAlive,
@@ -152,6 +153,33 @@ def test_slow_or_missing_headers_are_a_408(tmp_path: Path, cert_dir: Path) -> No
             assert other.post(SMALL).status == 200
         finally:
             other.close()
+
+
+APISERVER_IDLE_S = 90.0
+"""How long the apiserver keeps an idle connection to a webhook (Go's ``http.Transport`` default,
+which client-go keeps): the webhook's default idle timeout must be longer."""
+
+
+def test_an_idle_connection_is_kept_until_the_idle_timeout_then_closed(
+    tmp_path: Path, cert_dir: Path
+) -> None:
+    """A keep-alive connection idle for less than ``--idle-timeout`` is still served (the apiserver
+    reuses its connections); once idle longer the server closes it. The default outlasts the
+    apiserver's own idle timeout, so that the apiserver ends its idle connections, not we."""
+    assert Limits().idle_timeout > APISERVER_IDLE_S
+    idle_timeout = 2.0
+    with (
+        _webhook(tmp_path, cert_dir, "--idle-timeout", str(idle_timeout)) as webhook,
+        connect_tls(webhook.url, _ca(webhook)) as conn,
+    ):
+        conn.sendall(request_head(length=len(SMALL)) + SMALL)
+        assert read_response(conn).status == 200
+        time.sleep(idle_timeout / 2)
+        conn.sendall(request_head(length=len(SMALL)) + SMALL)
+        assert read_response(conn).status == 200
+        idle_from = time.monotonic()
+        assert closed_by_peer(conn, idle_timeout + SLACK)
+        assert time.monotonic() - idle_from > idle_timeout - 0.3
 
 
 # ------------------------------------------------------------------------------ header size
@@ -416,7 +444,7 @@ def test_300_clients_sending_3_mib_each_stay_under_256_mib(tmp_path: Path, cert_
             else None
         )
         # The warm-up connection sat idle through the burst, and the server may have closed it (the
-        # connection cap closes an address's idle keep-alives; the keep-alive timeout is 30 s): what
+        # connection cap closes an address's idle keep-alives; --idle-timeout closes the rest): what
         # is checked is that the server answers afterwards, so ask on a fresh connection.
         client.reconnect()
         assert client.post(SMALL).status == 200

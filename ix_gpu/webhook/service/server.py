@@ -310,8 +310,8 @@ async def serve(service: Service) -> None:
         # Nothing here reads the client's address from the scope (the connection cap takes it from
         # the socket), so uvicorn's X-Forwarded-For middleware would only cost a layer per request.
         proxy_headers=False,
-        # The apiserver keeps connections to webhooks; a longer idle timeout saves handshakes.
-        timeout_keep_alive=30,
+        # Longer than the apiserver's own idle timeout (Limits.idle_timeout says why).
+        timeout_keep_alive=max(1, round(service.options.limits.idle_timeout)),
         # At shutdown, a review still in flight gets its body's timeout and a margin for the work;
         # the kubelet's SIGKILL comes later (the chart's terminationGracePeriodSeconds).
         timeout_graceful_shutdown=int(service.options.request_timeout) + 5,

@@ -161,6 +161,15 @@ def _add_limits(webhook: argparse.ArgumentParser) -> None:
         f"(default: {defaults.max_connections_per_address})",
     )
     limits.add_argument(
+        "--idle-timeout",
+        type=interval_seconds,
+        default=defaults.idle_timeout,
+        metavar="SECONDS",
+        help="a keep-alive connection idle this long is closed; keep it above the apiserver's own "
+        "90 s, so that the apiserver keeps the connections it opened to the replicas for the next "
+        f"burst (default: {defaults.idle_timeout:g})",
+    )
+    limits.add_argument(
         "--header-timeout",
         type=interval_seconds,
         default=defaults.header_timeout,
@@ -209,6 +218,7 @@ def _run_webhook(args: argparse.Namespace) -> int:
         limits=Limits(
             max_connections=args.max_connections,
             max_connections_per_address=args.max_connections_per_address,
+            idle_timeout=args.idle_timeout,
             header_timeout=args.header_timeout,
             max_inflight_body_bytes=args.max_inflight_mib << 20,
             request_budget=args.request_budget,
