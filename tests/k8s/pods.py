@@ -106,3 +106,22 @@ def scheduling_failure(api: KubeAPI, namespace: str, pod: str, timeout: float = 
     reporters = (found.get("reportingComponent"), found.get("source", {}).get("component"))
     assert "default-scheduler" in reporters, found
     return found
+
+
+def pod_condition(api: KubeAPI, namespace: str, name: str, kind: str, timeout: float = 30) -> dict[str, Any]:
+    """Condition ``kind`` of pod ``name`` (waits for it). The scheduler sends its event and patches
+    the pod's status separately, so a condition may show up after the event that told of it."""
+
+    def condition() -> dict[str, Any] | None:
+        pod = get_pod(api, namespace, name) or {}
+        found = [c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == kind]
+        return dict(found[0]) if found else None
+
+    result: dict[str, Any] = wait_until(
+        condition,
+        f"condition {kind} of pod {namespace}/{name}",
+        timeout,
+        interval=0.25,
+        details=lambda: json.dumps(get_pod(api, namespace, name), indent=1)[-3000:],
+    )
+    return result

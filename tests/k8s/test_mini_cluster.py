@@ -42,6 +42,7 @@ from tests.k8s.pods import (
     gpu_pod,
     iluvatar_paths,
     new_namespace,
+    pod_condition,
     request_ok,
     scheduling_failure,
     wait_running,
@@ -145,7 +146,7 @@ def test_seed_004_eight_replicas_corex_example_runs_and_a_ninth_pod_is_pending(c
     ninth = get_pod(api, namespace, "ninth")
     assert ninth is not None and ninth["status"]["phase"] == "Pending", ninth
     assert "nodeName" not in ninth["spec"], ninth["spec"]
-    (scheduled,) = [c for c in ninth["status"]["conditions"] if c["type"] == "PodScheduled"]
+    scheduled = pod_condition(api, namespace, "ninth", "PodScheduled")
     assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable"), scheduled
     assert f"Insufficient {RESOURCE}" in scheduled["message"], scheduled
 
