@@ -16,6 +16,9 @@ Servers, all started at once and each pinned to the same core (taskset), measure
 - ``bare``: ``bare_app.py``, FastAPI + orjson and a hand-written injection of the same profile;
 - ``floor`` (only when named in ``--targets``): ``floor_app.py``, uvloop + TLS + httptools answering
   each body with ix-gpu's answer computed at start: the server's cost without ix-gpu's work;
+- ``lean`` (only when named in ``--targets``): ``floor_app.py --handler`` on the compiled build:
+  the same minimal server with ix-gpu's handler answering (parse, mutation, metrics, log line), so
+  ``ix-gpu`` minus ``lean`` is what ix-gpu's HTTP layer costs (uvicorn's protocol and the limits);
 - any ``--tree NAME=PATH``: ``python -m ix_gpu webhook`` from another checkout (an A/B).
 
 Each round runs wrk (one thread, pinned to the client core, keep-alive HTTPS) against every server
@@ -178,9 +181,9 @@ def start(name: str, tree: Path | None, workdir: Path, certs: Path, port: int, c
     elif name == "bare":
         command = [sys.executable, str(HERE / "bare_app.py"), "--port", str(port), "--cert-dir", str(certs)]
         command += ["--digest", digest]
-    elif name == "floor":
+    elif name in ("floor", "lean"):
         command = [sys.executable, str(HERE / "floor_app.py"), "--port", str(port), "--cert-dir", str(certs)]
-        command += ["--bodies", str(workdir / "bodies")]
+        command += ["--bodies", str(workdir / "bodies"), *(["--handler"] if name == "lean" else [])]
     else:
         command = [sys.executable, "-m", "ix_gpu", "webhook", "--port", str(port), "--cert-dir", str(certs)]
     log = open(workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the server
@@ -256,7 +259,7 @@ def main() -> None:
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--port", type=int, default=18943, help="the first of consecutive ports")
     parser.add_argument(
-        "--targets", default="ix-gpu,go,pure", help="comma-separated: ix-gpu, go, pure, bare, floor"
+        "--targets", default="ix-gpu,go,pure", help="comma-separated: ix-gpu, go, pure, bare, floor, lean"
     )
     parser.add_argument(
         "--tree", action="append", default=[], metavar="NAME=PATH", help="also ix-gpu from another checkout"
@@ -273,10 +276,10 @@ def main() -> None:
     if any(name == "go" for name, _ in targets):
         build_go()
     workdir = Path(tempfile.mkdtemp(prefix="ix-gpu-bench-"))
-    if any(name == "ix-gpu" for name, _ in targets):
+    if any(name in ("ix-gpu", "lean") for name, _ in targets):
         native = workdir / "native-tree"
         subprocess.run(["bash", str(ROOT / "scripts" / "native-tree.sh"), str(native)], check=True, cwd=ROOT)
-        targets = [(name, native if name == "ix-gpu" else tree) for name, tree in targets]
+        targets = [(name, native if name in ("ix-gpu", "lean") else tree) for name, tree in targets]
     certs = workdir / "certs"
     write_bundle(generate_bundle(["localhost"], ["127.0.0.1"]), certs)
     bodies = write_bodies(workdir / "bodies")

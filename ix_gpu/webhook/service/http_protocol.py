@@ -22,7 +22,7 @@ from ix_gpu.webhook.service.mutate_exchange import MutateExchange, MutateLane
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """One HTTPS connection: admitted to a slot or refused, its request heads held to the size and
     time limits, ``/mutate`` answered by a :class:`MutateExchange` and every other path by uvicorn's
-    request cycle. What it is bound by is set per server by :func:`guarded_protocol`."""
+    request cycle. What it is bound by is set per connection by :func:`guarded_protocol`."""
 
     _limits: Limits
     _lane: MutateLane
@@ -263,14 +263,23 @@ def guarded_protocol(
     lane: MutateLane,
     on_refused: Callable[[str], None],
     on_evicted: Callable[[], None],
-) -> type[asyncio.Protocol]:
-    """The connection class for one server: :class:`GuardedHttpToolsProtocol` bound to ``limits``,
-    the ``/mutate`` ``lane``, and one set of connection slots that all its connections share."""
+) -> Callable[..., asyncio.Protocol]:
+    """The connection factory for one server: each :class:`GuardedHttpToolsProtocol` it makes is
+    bound to ``limits``, the ``/mutate`` ``lane``, and one set of connection slots that all its
+    connections share. uvicorn calls it as it would call a protocol class. (A factory rather than a
+    subclass per server: the class is compiled by mypyc, and an interpreted class cannot inherit
+    from a compiled one.)"""
     slots = ConnectionSlots(
         limits.max_connections,
         limits.max_connections_per_address,
         limits.keep_idle_per_address,
         on_evict=on_evicted,
     )
-    bound = {"_limits": limits, "_lane": lane, "_slots": slots, "_on_refused": staticmethod(on_refused)}
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), bound)
+
+    def connection(*args: Any, **kwargs: Any) -> GuardedHttpToolsProtocol:
+        protocol = GuardedHttpToolsProtocol(*args, **kwargs)
+        protocol._limits, protocol._lane, protocol._slots = limits, lane, slots
+        protocol._on_refused = on_refused
+        return protocol
+
+    return connection

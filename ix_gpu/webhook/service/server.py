@@ -22,7 +22,7 @@ import socket
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
 from ix_gpu.config.schema_base import parse_yaml
@@ -300,8 +300,12 @@ async def serve(service: Service) -> None:
 
     config = uvicorn.Config(
         service.app,
-        http=guarded_protocol(
-            service.options.limits, service.lane, on_refused, service.metrics.connections_evicted.inc
+        # A factory where uvicorn's type says class: uvicorn only calls it, as it would a class.
+        http=cast(
+            "type[asyncio.Protocol]",
+            guarded_protocol(
+                service.options.limits, service.lane, on_refused, service.metrics.connections_evicted.inc
+            ),
         ),
         lifespan="off",
         log_config=None,
