@@ -4,6 +4,7 @@ gave a container, and find the scheduler's verdict."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from tests.k8s.cluster import RESOURCE
@@ -31,19 +32,36 @@ def get_pod(api: KubeAPI, namespace: str, name: str) -> dict[str, Any] | None:
     return pod if status == 200 and isinstance(pod, dict) else None
 
 
-def wait_running(api: KubeAPI, namespace: str, name: str, timeout: float = 90) -> dict[str, Any]:
-    def running() -> dict[str, Any] | None:
+def wait_pod(
+    api: KubeAPI,
+    namespace: str,
+    name: str,
+    what: str,
+    probe: Callable[[dict[str, Any]], dict[str, Any] | None],
+    timeout: float,
+) -> dict[str, Any]:
+    """Poll pod ``name`` until ``probe`` of it gives something, and return that; on timeout the
+    failure says ``what`` was awaited and shows the pod."""
+
+    def probed() -> dict[str, Any] | None:
         pod = get_pod(api, namespace, name)
-        return pod if pod is not None and pod.get("status", {}).get("phase") == "Running" else None
+        return probe(pod) if pod is not None else None
 
     result: dict[str, Any] = wait_until(
-        running,
-        f"pod {namespace}/{name} Running",
+        probed,
+        f"{what} of pod {namespace}/{name}",
         timeout,
         interval=0.25,
         details=lambda: json.dumps(get_pod(api, namespace, name), indent=1)[-3000:],
     )
     return result
+
+
+def wait_running(api: KubeAPI, namespace: str, name: str, timeout: float = 90) -> dict[str, Any]:
+    def running(pod: dict[str, Any]) -> dict[str, Any] | None:
+        return pod if pod.get("status", {}).get("phase") == "Running" else None
+
+    return wait_pod(api, namespace, name, "phase Running", running, timeout)
 
 
 def new_namespace(api: KubeAPI, name: str) -> str:
@@ -112,16 +130,8 @@ def pod_condition(api: KubeAPI, namespace: str, name: str, kind: str, timeout: f
     """Condition ``kind`` of pod ``name`` (waits for it). The scheduler sends its event and patches
     the pod's status separately, so a condition may show up after the event that told of it."""
 
-    def condition() -> dict[str, Any] | None:
-        pod = get_pod(api, namespace, name) or {}
+    def condition(pod: dict[str, Any]) -> dict[str, Any] | None:
         found = [c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == kind]
         return dict(found[0]) if found else None
 
-    result: dict[str, Any] = wait_until(
-        condition,
-        f"condition {kind} of pod {namespace}/{name}",
-        timeout,
-        interval=0.25,
-        details=lambda: json.dumps(get_pod(api, namespace, name), indent=1)[-3000:],
-    )
-    return result
+    return wait_pod(api, namespace, name, f"condition {kind}", condition, timeout)
