@@ -24,14 +24,21 @@ FIELDS = "fields"
 _handler: logging.StreamHandler[Any] | None = None
 _second = -1
 _second_text = ""
+_milli = -1
+_milli_text = ""
 
 
 def _timestamp(created: float) -> str:
-    global _second, _second_text
-    whole = int(created)
-    if whole != _second:
-        _second, _second_text = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
-    return f"{_second_text}.{int(created % 1 * 1000):03d}Z"
+    """RFC 3339 in UTC with milliseconds; the text is kept for the millisecond (and its date for
+    the second), because a busy webhook writes many lines in each."""
+    global _second, _second_text, _milli, _milli_text
+    milli = int(created * 1000)
+    if milli != _milli:
+        whole = milli // 1000
+        if whole != _second:
+            _second, _second_text = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _milli, _milli_text = milli, f"{_second_text}.{milli % 1000:03d}Z"
+    return _milli_text
 
 
 class JsonFormatter(logging.Formatter):

@@ -148,7 +148,8 @@ def test_a_large_review_is_answered_by_the_child_like_a_small_one() -> None:
     response = orjson.loads(body)["response"]
     assert status == 200 and response["uid"] == "large" and response["allowed"] is True
     assert response["patchType"] == "JSONPatch"
-    assert metrics.requests.labels("Pod", "CREATE", "mutated")._value.get() == 1
+    labels = {"kind": "Pod", "operation": "CREATE", "result": "mutated"}
+    assert metrics.registry.get_sample_value("ix_gpu_admission_requests_total", labels) == 1
 
 
 def test_a_child_that_dies_is_a_denial_naming_the_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:

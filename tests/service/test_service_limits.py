@@ -182,6 +182,29 @@ def test_an_idle_connection_is_kept_until_the_idle_timeout_then_closed(
         assert time.monotonic() - idle_from > idle_timeout - 0.3
 
 
+def test_the_idle_timeout_never_closes_a_connection_with_a_request_on_its_way(
+    tmp_path: Path, cert_dir: Path
+) -> None:
+    """The idle timeout counts from the last answer: a body that takes longer than it to arrive
+    (well within the request timeout) is answered, and so is the next request, which comes more
+    than an idle timeout after the connection's first answer."""
+    idle_timeout = 1.0
+    with (
+        _webhook(tmp_path, cert_dir, "--idle-timeout", str(idle_timeout)) as webhook,
+        connect_tls(webhook.url, _ca(webhook)) as conn,
+    ):
+        conn.sendall(request_head(length=len(SMALL)) + SMALL)
+        assert read_response(conn).status == 200
+        conn.sendall(request_head(length=len(SMALL)) + SMALL[:10])
+        time.sleep(idle_timeout * 2.5)
+        conn.sendall(SMALL[10:])
+        assert read_response(conn).status == 200
+        time.sleep(idle_timeout * 0.6)
+        conn.sendall(request_head(length=len(SMALL)) + SMALL)
+        assert read_response(conn).status == 200
+        assert closed_by_peer(conn, idle_timeout + SLACK)
+
+
 # ------------------------------------------------------------------------------ header size
 
 

@@ -304,7 +304,7 @@ class AdmissionHandler:
         if answer.allowed_unknown:
             self._metrics.allowed_unmodified.labels(answer.allowed_unknown).inc()
         elapsed = time.perf_counter() - started
-        self._metrics.duration.observe(elapsed)
+        self._metrics.observe_duration(elapsed)
         fields = answer.fields  # this answer's own, and this is its last use
         fields["durationMs"] = round(elapsed * 1000, 3)
         info_line(log, "admission", fields)
@@ -313,7 +313,7 @@ class AdmissionHandler:
     def reject(self, status: int, message: str, started: float) -> tuple[int, bytes]:
         """Count and log a request that never became a review (bad envelope, size, type, timeout)."""
         self._metrics.count_request(UNKNOWN, UNKNOWN, "error")
-        self._metrics.duration.observe(time.perf_counter() - started)
+        self._metrics.observe_duration(time.perf_counter() - started)
         info_line(log, "admission rejected", {"status": status, "error": message})
         return status, error_body(message)
 

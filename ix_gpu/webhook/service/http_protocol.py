@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ix_gpu.serving.connection_slots import ConnectionSlots
@@ -28,6 +29,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _lane: MutateLane
     _slots: ConnectionSlots
     _on_refused: Callable[[str], None]
+    url: bytes
+    """The request target as it arrives (uvicorn's, which it sets without declaring it)."""
     _header_timer: asyncio.TimerHandle | None = None
     _header_bytes = 0
     _in_headers = True
@@ -37,6 +40,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """A review was answered (or begun) in the current read: later ones in it are queued."""
     _over = False
     """This request's headers went past the limit: stop keeping them, answer 431."""
+    _idle_since: float | None = None
+    """The loop's time when the last answer left and nothing else was begun; None while a request
+    is read or served. The keep-alive timeout counts from here (see :meth:`_idle_check`)."""
 
     # The slot's state follows the requests: idle (evictable) from the connection's start, from
     # the end of each answer and while a request's headers arrive (not the server's work yet);
@@ -66,6 +72,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         FREED_MEMORY.note()
         self._slots.release(self)
         self._disarm_header_timer()
+        self._unset_keepalive_if_required()
         if self.transport is None:  # refused in connection_made: nothing of uvicorn's to undo
             return
         # Exchanges are told here; uvicorn's own handling below only knows request cycles.
@@ -76,17 +83,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle = None
         super().connection_lost(exc)
 
+    # uvicorn's per-request callbacks are replaced whole, not extended: each of them is a frame of
+    # interpreted code per request (about a fifth of a small review's CPU, all told), and uvicorn's
+    # keep-alive timer is a timer armed and cancelled per request where one per connection will do.
     def data_received(self, data: bytes) -> None:
         self._served_in_read = False
-        super().data_received(data)
+        self._idle_since = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+            return
+        except httptools.HttpParserUpgrade:  # as uvicorn: a websocket, or a warning
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         # Headers still incomplete after this read but already over the limit: no need to wait
         # for the rest (the parser callbacks below stopped keeping them).
         if self._over and self._in_headers and not self.transport.is_closing():
             self._refuse_headers()
             return
         # A head begun in this read and still incomplete gets its timer now, not at its first
-        # byte: the usual request comes whole in one read and never sets one.
+        # byte: the usual request comes whole in one read and never sets one. Its slot hears of
+        # it now too (a used connection counts as just used); a head that came whole went
+        # straight from idle to busy, with nothing in between that could evict it.
         if self._head_begun and self._header_timer is None and not self.transport.is_closing():
+            self._slots.active(self)
             self._arm_header_timer()
         if isinstance(self.cycle, MutateExchange):
             self.cycle.waiting()
@@ -94,8 +119,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # Header bytes are counted in the parser's callbacks, whatever the reads look like: one
     # read may hold a whole request (or several), and a request may start mid-read.
     def on_message_begin(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:  # not a pipelined request
-            self._slots.active(self)
         # uvicorn's own begins the ASGI scope here; a /mutate exchange needs none, so the scope
         # is made at complete headers, for the other paths only (:meth:`on_headers_complete`).
         self.url, self.headers, self.expect_100_continue = b"", [], False
@@ -104,11 +127,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         if not self._count(len(url)):
-            super().on_url(url)
+            self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._count(len(name) + len(value) + 4):
-            super().on_header(name, value)
+        if self._count(len(name) + len(value) + 4):
+            return
+        name = name.lower()  # as uvicorn keeps them: the scope's headers and ours alike
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_headers = self._head_begun = False
@@ -147,9 +174,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         # Behind an unanswered request, or behind one answered in this same read: queued, so
         # that one read of pipelined requests costs the loop one review at a time. (The answer
-        # before it armed the keep-alive timeout, which must not close a connection that has a
-        # request to serve.)
-        self._unset_keepalive_if_required()
+        # before it made the connection idle, and the keep-alive timeout must not close a
+        # connection that has a request to serve.)
+        self._idle_since = None
         self.flow.pause_reading()
         self.pipeline.appendleft((exchange, self.app))  # type: ignore[arg-type]
         if idle:  # nothing is left to answer before it that would start it
@@ -200,18 +227,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.transport.is_closing():
+        """An answer has left: the next pipelined request starts, or the connection is idle."""
+        self.server_state.total_requests += 1
+        transport = self.transport
+        if transport.is_closing():
             self._slots.closing(self)
             # Answered and closing (a refusal, often before the body was read): what the
             # client still sends is not wanted, so stop decrypting it into memory.
-            self.transport.pause_reading()
-        elif self.timeout_keep_alive_task is not None:  # else a pipelined request is served
-            self._slots.idle(self)
-        # The next request's headers count from their first byte; until then uvicorn's
-        # keep-alive timeout governs the idle connection.
+            transport.pause_reading()
+        else:
+            if self.flow.read_paused:
+                self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self._idle_since = self.loop.time()
+                if self.timeout_keep_alive_task is None:
+                    self._arm_idle_check(self.timeout_keep_alive)
+                self._slots.idle(self)
+        # The next request's headers count from their first byte; until then the keep-alive
+        # timeout governs the idle connection.
         self._in_headers = True
         self._header_bytes = 0
+
+    def _arm_idle_check(self, delay: float) -> None:
+        self.timeout_keep_alive_task = self.loop.call_later(delay, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """The connection's one keep-alive timer: closes it once idle for ``timeout_keep_alive``
+        since its last answer, else looks again when that could next be true."""
+        self.timeout_keep_alive_task = None
+        if self.transport.is_closing():
+            return
+        idle_since = self._idle_since
+        if idle_since is None:  # a request is being read or served: a full timeout from now
+            self._arm_idle_check(self.timeout_keep_alive)
+            return
+        left = idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self._arm_idle_check(left)
+        else:
+            self.timeout_keep_alive_handler()
 
     def _count(self, size: int) -> bool:
         """Add header bytes; True when over the limit (the bytes are then not kept)."""

@@ -5,16 +5,21 @@ test process can run several services and a scrape shows exactly this service's 
 
 Label values are bounded: ``kind`` and ``operation`` come from requests, i.e. from anyone who can
 reach the port, so unknown values collapse to ``other`` instead of creating a time series each.
-Labelled children are cached because ``labels()`` takes a lock and builds a key on every call,
-which is measurable at thousands of admissions per second.
+The two series every admission touches (the request counter and the duration histogram) are
+plain numbers in :class:`AdmissionTally`, read by a collector at scrape time: prometheus_client's
+``inc()`` and ``observe()`` take a lock and run interpreted code per event, about 3 µs of a small
+review's CPU. Only the event loop's thread counts admissions and serves ``/metrics``, so the tally
+needs no lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 from ix_gpu.process.outcomes import ERROR, SUCCESS
 
@@ -27,7 +32,98 @@ _MAX_KINDS = 32
 # Admission latency is dominated by JSON work; buckets resolve the sub-millisecond range.
 _DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.25, 0.5, 1.0, 2.5)
 
+_BUCKET_LABELS = (*(repr(bound) for bound in _DURATION_BUCKETS), "+Inf")
+"""Each bucket's ``le`` as prometheus_client writes it."""
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+Labels = tuple[str, str, str]
+"""An admission's (kind, operation, result)."""
+
+
+class AdmissionTally:
+    """``ix_gpu_admission_requests`` by (kind, operation, result) and the histogram
+    ``ix_gpu_admission_duration_seconds``, as plain counts (see the module's docstring for why).
+
+    Label values that come from requests are bounded as before: past ``_MAX_KINDS`` kinds, and for
+    an operation not in ``OPERATIONS``, the value is ``other``.
+    """
+
+    def __init__(self) -> None:
+        self._slot_of: dict[Labels, int] = {}
+        """An admission's labels as given → its slot; bounded, so a flood of made-up kinds only
+        costs the slow path (:meth:`_slot`)."""
+        self._slot_of_series: dict[Labels, int] = {}
+        """A series' labels (bounded values) → its slot."""
+        self._series: list[Labels] = []
+        self._created: list[float] = []
+        self._counts: list[int] = []
+        self._kinds: set[str] = set()
+        self._buckets = [0] * (len(_DURATION_BUCKETS) + 1)
+        """Observations per bucket, not cumulative (the last one: over every bound)."""
+        self._sum = 0.0
+        self._since = time.time()
+
+    def count(self, kind: str, operation: str, result: str) -> None:
+        slot = self._slot_of.get((kind, operation, result))
+        if slot is None:
+            slot = self._slot(kind, operation, result)
+        self._counts[slot] += 1
+
+    def observe(self, seconds: float) -> None:
+        index = 0
+        for bound in _DURATION_BUCKETS:
+            if seconds <= bound:
+                break
+            index += 1
+        self._buckets[index] += 1
+        self._sum += seconds
+
+    def _slot(self, kind: str, operation: str, result: str) -> int:
+        given = (kind, operation, result)
+        if operation not in OPERATIONS and operation != UNKNOWN:
+            operation = OTHER
+        if kind not in self._kinds and kind != UNKNOWN:
+            if len(self._kinds) >= _MAX_KINDS:
+                kind = OTHER
+            else:
+                self._kinds.add(kind)
+        series = (kind, operation, result)
+        slot = self._slot_of_series.get(series)
+        if slot is None:
+            slot = len(self._series)
+            self._slot_of_series[series] = slot
+            self._series.append(series)
+            self._created.append(time.time())
+            self._counts.append(0)
+        if len(self._slot_of) < 4 * _MAX_KINDS * len(RESULTS):
+            self._slot_of[given] = slot
+        return slot
+
+    def collect(self) -> Iterator[Metric]:
+        """The two families as a scrape shows them (the registry calls this)."""
+        requests = CounterMetricFamily(
+            "ix_gpu_admission_requests",
+            "AdmissionReview requests answered, by kind, operation and result.",
+            labels=("kind", "operation", "result"),
+        )
+        for series, created, count in zip(self._series, self._created, self._counts, strict=True):
+            requests.add_metric(series, count, created=created)
+        yield requests
+        duration = HistogramMetricFamily(
+            "ix_gpu_admission_duration_seconds", "Time from request start to response body, for /mutate."
+        )
+        cumulative, buckets = 0, []
+        for label, count in zip(_BUCKET_LABELS, self._buckets, strict=True):
+            cumulative += count
+            buckets.append((label, float(cumulative)))
+        duration.add_metric((), buckets, self._sum)
+        duration.add_sample("ix_gpu_admission_duration_seconds_created", {}, self._since)
+        yield duration
+
+    def describe(self) -> Iterator[Metric]:
+        """The families' names, so the registry can refuse a clash when this is registered."""
+        return self.collect()
 
 
 class ServiceMetrics:
@@ -41,8 +137,6 @@ class ServiceMetrics:
         self._reloads()
         self._limits()
         self._lookups()
-        self._kinds: set[str] = set()
-        self._request_children: dict[tuple[str, str, str], Counter] = {}
         for result in (SUCCESS, ERROR):
             self.config_reloads.labels(result)
             self.cert_reloads.labels(result)
@@ -54,18 +148,8 @@ class ServiceMetrics:
             self.claim_waits.labels(outcome)
 
     def _admissions(self) -> None:
-        self.requests = Counter(
-            "ix_gpu_admission_requests",
-            "AdmissionReview requests answered, by kind, operation and result.",
-            ("kind", "operation", "result"),
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "ix_gpu_admission_duration_seconds",
-            "Time from request start to response body, for /mutate.",
-            buckets=_DURATION_BUCKETS,
-            registry=self.registry,
-        )
+        self.admissions = AdmissionTally()
+        self.registry.register(self.admissions)
         self.internal_errors = Counter(
             "ix_gpu_admission_internal_errors",
             "Admissions that hit a bug in the webhook (answered with a denial); should stay 0.",
@@ -179,25 +263,10 @@ class ServiceMetrics:
         self.config_info.labels(new).set(1)
 
     def count_request(self, kind: str, operation: str, result: str) -> None:
-        key = (kind, operation, result)
-        child = self._request_children.get(key)
-        if child is None:
-            child = self._new_child(kind, operation, result)
-        child.inc()
+        self.admissions.count(kind, operation, result)
 
-    def _new_child(self, kind: str, operation: str, result: str) -> Counter:
-        key = (kind, operation, result)
-        if operation not in OPERATIONS and operation != UNKNOWN:
-            operation = OTHER
-        if kind not in self._kinds and kind != UNKNOWN:
-            if len(self._kinds) >= _MAX_KINDS:
-                kind = OTHER
-            else:
-                self._kinds.add(kind)
-        child = self.requests.labels(kind, operation, result)
-        if len(self._request_children) < 4 * _MAX_KINDS * len(RESULTS):
-            self._request_children[key] = child
-        return child
+    def observe_duration(self, seconds: float) -> None:
+        self.admissions.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
