@@ -66,6 +66,19 @@ def _ca(webhook: WebhookProcess) -> Path:
     return webhook.cert_dir / "ca.crt"
 
 
+@contextlib.contextmanager
+def _connection(tmp_path: Path, cert_dir: Path, *extra: str) -> Iterator[ssl.SSLSocket]:
+    """One TLS connection to a webhook started with ``extra`` flags."""
+    with _webhook(tmp_path, cert_dir, *extra) as webhook, connect_tls(webhook.url, _ca(webhook)) as conn:
+        yield conn
+
+
+def _answered(conn: ssl.SSLSocket) -> None:
+    """One small review sent on ``conn`` and answered 200."""
+    conn.sendall(request_head(length=len(SMALL)) + SMALL)
+    assert read_response(conn).status == 200
+
+
 def _refused(client: KeepAlive, reason: str) -> float:
     """``ix_gpu_connections_refused_total{reason}`` read over ``client``'s connection (a new one
     might itself be refused)."""
@@ -168,15 +181,10 @@ def test_an_idle_connection_is_kept_until_the_idle_timeout_then_closed(
     apiserver's own idle timeout, so that the apiserver ends its idle connections, not we."""
     assert Limits().idle_timeout > APISERVER_IDLE_S
     idle_timeout = 2.0
-    with (
-        _webhook(tmp_path, cert_dir, "--idle-timeout", str(idle_timeout)) as webhook,
-        connect_tls(webhook.url, _ca(webhook)) as conn,
-    ):
-        conn.sendall(request_head(length=len(SMALL)) + SMALL)
-        assert read_response(conn).status == 200
+    with _connection(tmp_path, cert_dir, "--idle-timeout", str(idle_timeout)) as conn:
+        _answered(conn)
         time.sleep(idle_timeout / 2)
-        conn.sendall(request_head(length=len(SMALL)) + SMALL)
-        assert read_response(conn).status == 200
+        _answered(conn)
         idle_from = time.monotonic()
         assert closed_by_peer(conn, idle_timeout + SLACK)
         assert time.monotonic() - idle_from > idle_timeout - 0.3
@@ -189,19 +197,14 @@ def test_the_idle_timeout_never_closes_a_connection_with_a_request_on_its_way(
     (well within the request timeout) is answered, and so is the next request, which comes more
     than an idle timeout after the connection's first answer."""
     idle_timeout = 1.0
-    with (
-        _webhook(tmp_path, cert_dir, "--idle-timeout", str(idle_timeout)) as webhook,
-        connect_tls(webhook.url, _ca(webhook)) as conn,
-    ):
-        conn.sendall(request_head(length=len(SMALL)) + SMALL)
-        assert read_response(conn).status == 200
+    with _connection(tmp_path, cert_dir, "--idle-timeout", str(idle_timeout)) as conn:
+        _answered(conn)
         conn.sendall(request_head(length=len(SMALL)) + SMALL[:10])
         time.sleep(idle_timeout * 2.5)
         conn.sendall(SMALL[10:])
         assert read_response(conn).status == 200
         time.sleep(idle_timeout * 0.6)
-        conn.sendall(request_head(length=len(SMALL)) + SMALL)
-        assert read_response(conn).status == 200
+        _answered(conn)
         assert closed_by_peer(conn, idle_timeout + SLACK)
 
 
