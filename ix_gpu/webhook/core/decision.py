@@ -55,6 +55,25 @@ class MutationResult:
     """``namespace`` or ``claim``: what ``allow-unmodified`` let through without its injection,
     counted (``ix_gpu_admission_allowed_unmodified_total``) and alerted on."""
 
+    def __init__(
+        self,
+        decision: Decision,
+        ops: list[dict[str, Any]] | None = None,
+        warnings: list[str] | None = None,
+        reason: str = "",
+        profiles: tuple[str, ...] = (),
+        pod_security_unchecked: bool = False,
+        allowed_unknown: str = "",
+    ) -> None:
+        # Written out, not generated: mypyc compiles this one (see docs/design.md).
+        self.decision = decision
+        self.ops = [] if ops is None else ops
+        self.warnings = [] if warnings is None else warnings
+        self.reason = reason
+        self.profiles = profiles
+        self.pod_security_unchecked = pod_security_unchecked
+        self.allowed_unknown = allowed_unknown
+
     @property
     def allowed(self) -> bool:
         return self.decision is not Decision.DENIED

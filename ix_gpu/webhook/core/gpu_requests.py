@@ -30,6 +30,21 @@ class GpuContainer:
     profiles: tuple[CompiledProfile, ...]
     """Matching profiles, in config order."""
 
+    def __init__(
+        self,
+        list_name: str,
+        index: int,
+        name: str,
+        body: dict[str, Any],
+        profiles: tuple[CompiledProfile, ...],
+    ) -> None:
+        # Written out, not generated: mypyc compiles this one (see docs/design.md).
+        self.list_name = list_name
+        self.index = index
+        self.name = name
+        self.body = body
+        self.profiles = profiles
+
 
 MAX_NAME_CHARS = 64
 """Names are echoed in denial messages; Kubernetes names are at most 63 characters anyway."""

@@ -127,6 +127,23 @@ class _TemplateMerge:
     run: InjectionRun
     record: TemplateRecord
 
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        spec_ptr: str,
+        where: str,
+        profiles: tuple[CompiledProfile, ...],
+        run: InjectionRun,
+        record: TemplateRecord,
+    ) -> None:
+        # Written out, not generated: mypyc compiles this one (see docs/design.md).
+        self.spec = spec
+        self.spec_ptr = spec_ptr
+        self.where = where
+        self.profiles = profiles
+        self.run = run
+        self.record = record
+
     def parts(
         self,
     ) -> tuple[dict[str, Any], str, str, tuple[CompiledProfile, ...], InjectionRun, TemplateRecord]:

@@ -26,6 +26,12 @@ class PodTemplate:
     """Human-readable location for messages ('' for a Pod, else ``spec.tfReplicaSpecs.Worker.template``)."""
     body: dict[str, Any]
 
+    def __init__(self, pointer: str, where: str, body: dict[str, Any]) -> None:
+        # Written out, not generated: mypyc compiles this one (see docs/design.md).
+        self.pointer = pointer
+        self.where = where
+        self.body = body
+
 
 @dataclass(frozen=True, slots=True)
 class _Step:

@@ -60,7 +60,11 @@ Known = NamespaceFacts | LookupFailed | None
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs 3x, and one is made per review
 class Answer:
     """What one review came to: plain data, because it may be computed in a forked child (see
-    :class:`.limits.HeavyLane`) and the parent does the side effects (metrics, the log line)."""
+    :class:`.limits.HeavyLane`) and the parent does the side effects (metrics, the log line).
+
+    (Its ``__init__`` is the generated one, interpreted, unlike the other per-review dataclasses':
+    it comes back from the child pickled, and unpickling a compiled class calls a written-out
+    ``__init__`` without arguments.)"""
 
     status: int
     body: bytes

@@ -46,6 +46,25 @@ class ReviewRequest:
     obj: dict[str, Any] | None
     dry_run: bool
 
+    def __init__(
+        self,
+        uid: str,
+        operation: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any] | None,
+        dry_run: bool,
+    ) -> None:
+        # Written out, not generated: mypyc compiles this one (see docs/design.md).
+        self.uid = uid
+        self.operation = operation
+        self.kind = kind
+        self.namespace = namespace
+        self.name = name
+        self.obj = obj
+        self.dry_run = dry_run
+
 
 def _short(value: Any) -> str:
     """A bounded, one-line rendering of user input for error messages."""
