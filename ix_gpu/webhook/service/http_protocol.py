@@ -81,7 +81,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     # uvicorn's per-request callbacks are replaced whole, not extended: each of them is a frame of
-    # interpreted code per request, a fifth of a small review's CPU all told. What they do is kept,
+    # interpreted code per request, about 15 % of a small review's CPU all told. What they do is kept,
     # the keep-alive timer too: armed at each answer, cancelled by the next read. (One timer per
     # connection that looked at the idle time when it fired cost 3 % less CPU, but put the p99 of
     # 64 busy connections at 15 ms instead of 9-11: docs/benchmarks.md.)
