@@ -4,7 +4,8 @@
         [--pods 1000] [--rate 50]
         [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst|new-namespaces[+...]]
         [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3]
-        [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--settle 180] [--json]
+        [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--settle 180]
+        [--webhook-routing service|endpoints] [--json]
 
 Needs root (the mini cluster's kubelets use mount namespaces) and the tier's binaries
 (``tests/k8s/build.sh``, kwok from ``tests/k8s/build-go-command.sh kwok``). ``--runtime
@@ -27,6 +28,12 @@ startup p99, and each run's checks; ``--json`` prints the same with every run's 
 
     .venv/bin/python bench/scale.py --runtime containerd --kwok-nodes 50 --namespaces 500 \
         --pods 500 --rate 50 --webhook none,go,ix-gpu --rounds 1
+
+``--webhook-routing`` is how the apiserver reaches the webhook's replicas. ``service`` (the
+containerd default, as in most clusters): it dials the Service's ClusterIP and kube-proxy picks a
+replica once per connection; the apiserver reuses its most recently used idle connection first, so
+one replica can take most of a burst. ``endpoints``: the apiserver runs with
+``--enable-aggregator-routing=true`` and picks an endpoint itself, on v1.37 for each request.
 """
 
 from __future__ import annotations
@@ -81,6 +88,13 @@ def main() -> int:
         help="before each burst, wait up to this long for the CPUs to settle (quiet, or no longer "
         "falling); 0: start at once (default 180)",
     )
+    parser.add_argument(
+        "--webhook-routing",
+        choices=("service", "endpoints"),
+        help="how the apiserver reaches the webhook: service dials its ClusterIP and kube-proxy picks "
+        "a replica per connection; endpoints (--enable-aggregator-routing) has the apiserver pick "
+        "a replica per request (default: service with containerd, endpoints with fake-cri)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unknown = [f for f in args.fault.split("+") if f not in FAULTS]
@@ -90,6 +104,8 @@ def main() -> int:
         arms = parse_arms(args.webhook)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.webhook_routing == "service" and args.runtime != "containerd":
+        parser.error("--webhook-routing service: with --runtime containerd (fake-cri has no kube-proxy)")
     if arms != ["ix-gpu"] and (args.runtime != "containerd" or "webhook-kill" in args.fault):
         parser.error("--webhook none or go: with --runtime containerd and without webhook-kill")
     with tempfile.TemporaryDirectory(prefix="ix-scale-") as work:
@@ -99,6 +115,7 @@ def main() -> int:
                 kwok_nodes=args.kwok_nodes, kwok_boards=args.kwok_boards, namespaces=args.namespaces,
                 pods=args.pods, rate=args.rate, fault=args.fault, runtime=args.runtime,
                 replicas=args.replicas, new_namespaces=args.new_namespaces, settle_max_s=args.settle,
+                webhook_routing=args.webhook_routing,
             )  # fmt: skip
             print(json.dumps(compared) if args.json else table(compared))
             return 0
@@ -115,6 +132,7 @@ def main() -> int:
             replicas=args.replicas,
             new_namespaces=args.new_namespaces,
             settle_max_s=args.settle,
+            webhook_routing=args.webhook_routing,
         )
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0

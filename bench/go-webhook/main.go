@@ -5,7 +5,9 @@
 // volume, its mount, LD_LIBRARY_PATH prepended, the GPU toleration, the injected annotation).
 //
 // It is a yardstick, not a product: no config, no namespace facts, no bounds beyond the body
-// size, no record of injected items. Whatever ix-gpu does beyond this is what it costs.
+// size, no record of injected items. Whatever ix-gpu does beyond this is what it costs. Its one
+// metric, the reviews it answered (/metrics), lets a burst see how the apiserver shared them
+// among the replicas, as ix-gpu's own histogram does.
 //
 //	go-webhook -cert tls.crt -key tls.key -addr 127.0.0.1:9443 -digest 91a2b21207
 package main
@@ -18,6 +20,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 const (
@@ -28,6 +31,8 @@ const (
 	envValue   = "/usr/local/corex/lib64"
 	injectedAt = "ix-gpu.io/injected"
 	maxBody    = 3 << 20
+	// reviewsMetric is the counter /metrics serves.
+	reviewsMetric = "ix_gpu_go_reference_reviews_total"
 )
 
 type review struct {
@@ -213,12 +218,16 @@ func mutate(p *pod, digest string) []op {
 	return ops
 }
 
+// reviews counts the POSTs to /mutate, answered or refused.
+var reviews atomic.Int64
+
 func handle(digest string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
+		reviews.Add(1)
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
@@ -261,6 +270,11 @@ func main() {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/mutate", handle(*digest))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"status":"ok"}`)) })
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = io.WriteString(w, "# HELP "+reviewsMetric+" Reviews POSTed to /mutate.\n# TYPE "+reviewsMetric+
+			" counter\n"+reviewsMetric+" "+strconv.FormatInt(reviews.Load(), 10)+"\n")
+	})
 	server := &http.Server{Addr: *addr, Handler: mux}
 	log.Fatal(server.ListenAndServeTLS(*cert, *key))
 }

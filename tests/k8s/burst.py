@@ -332,6 +332,7 @@ def run(
     new_namespaces: int = NEW_NAMESPACES,
     arm: str = "ix-gpu",
     settle_max_s: float = 0.0,
+    webhook_routing: str | None = None,
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
     Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
@@ -341,7 +342,9 @@ def run(
     ``new_namespaces``: how many the ``new-namespaces`` fault creates over the burst. ``arm``: the
     webhook, ``ix-gpu``, ``go`` or ``none`` (``burst_arms.py``; the last two on containerd only).
     ``settle_max_s``: wait up to this long for the machine to settle before the burst
-    (``host_quiet.settle``; 0: start at once), and report how busy it was when the burst began."""
+    (``host_quiet.settle``; 0: start at once), and report how busy it was when the burst began.
+    ``webhook_routing``: how the apiserver reaches the webhook (``MiniCluster``'s; None: the
+    runtime's default)."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
@@ -355,6 +358,7 @@ def run(
         "runtime": runtime,
         "arm": arm,
         "kwok_boards": kwok_boards,
+        "webhook_routing": webhook_routing or ("service" if runtime == "containerd" else "endpoints"),
     }
     points = [f for f in faults if f not in STREAMS]
     with MiniCluster(
@@ -365,6 +369,7 @@ def run(
         kwok_nodes=kwok_nodes,
         kwok_boards=kwok_boards,
         runtime=runtime,
+        webhook_routing=webhook_routing,
     ) as cluster:
         result["cluster_up_s"] = cluster.timings.get("total")
         webhook_arm = start_arm(arm, cluster, work, runtime, replicas, namespace_facts)

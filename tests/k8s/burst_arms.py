@@ -20,6 +20,8 @@ adds to a burst is seen side by side (``burst_compare.py`` runs them in turn and
   back injected. The Go webhook does not read namespaces, so it does not honour opt-outs, and it
   adds no node affinity for ``ix-gpu.io/gpu-type`` (the burst's affinity pods are scheduled without
   one) and no record of injected items; its driver hostPath is its built-in ``/usr/local/corex``.
+  Its ``/metrics`` is one counter of the reviews it answered, read from each replica as ix-gpu's
+  histogram is, to see how the apiserver shared the burst among the replicas.
 Only the ix-gpu arm installs the chart, so only it has the chart's device plugin DaemonSet and its
 ValidatingAdmissionPolicy on Node writes.
 
@@ -58,6 +60,7 @@ from tests.k8s.burst_webhook import (
     HostWebhook,
     KilledReplicas,
     WebhookUnderTest,
+    pod_metrics,
 )
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.cluster import MiniCluster
@@ -295,7 +298,7 @@ class GoWebhook:
         return {p["metadata"]["name"]: container_pids(p, "webhook") for p in self.pods() if _ready(p)}
 
     def metrics(self) -> list[str]:
-        return []  # the Go webhook has no /metrics
+        return [pod_metrics(pod, GO_PORT) for pod in self.pods()]  # its review counter
 
     def kill_one(self) -> dict[str, Any]:
         raise RuntimeError("webhook-kill: only the ix-gpu arm")

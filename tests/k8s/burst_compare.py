@@ -16,8 +16,8 @@ p99 and startup p99, of those medians. And the checks of each run: GPU pods stor
 injection (0; for none, pods lacking a pre-applied field), opted-out pods injected (0; not checked
 for go, whose webhook reads no namespace), with the machine's 1-minute load average at the run's
 start and end, the settling wait and the CPUs' busy share when the burst began (what else ran
-beside it on a shared machine), and how the burst's webhook CPU (and, for ix-gpu, its reviews)
-fell on each replica.
+beside it on a shared machine), and how the burst's webhook CPU and its reviews fell on each
+replica.
 """
 
 from __future__ import annotations

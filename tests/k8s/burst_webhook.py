@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.histograms import added, buckets_of, buckets_quantile, ms
@@ -34,6 +36,7 @@ from tests.support.processes import Process
 from tests.support.waiting import wait_until
 
 RELEASE = "ixs"
+ADMISSION_FAMILY = "ix_gpu_admission_duration_seconds"
 CHART = ROOT / "charts" / "ix-gpu"
 
 
@@ -95,21 +98,48 @@ def admission_figures(before: str, after: str) -> dict[str, Any]:
     }
 
 
+GO_REVIEWS = "ix_gpu_go_reference_reviews"
+"""The Go reference webhook's one counter (bench/go-webhook), without the ``_total`` suffix."""
+
+
+def reviews_in(text: str) -> int:
+    """The reviews one replica's /metrics counted: ix-gpu's histogram count, or the Go
+    reference's counter."""
+    counted = buckets_of(text, ADMISSION_FAMILY, {}).get(float("inf"))
+    if counted is not None:
+        return int(counted)
+    for metric in text_string_to_metric_families(text):
+        if metric.name == GO_REVIEWS:
+            return int(sum(s.value for s in metric.samples if s.name == f"{GO_REVIEWS}_total"))
+    return 0
+
+
 def webhook_figures(webhook: WebhookUnderTest) -> dict[str, Any]:
     """The webhook's own review histogram: the running replicas' and the killed ones' last; and
     how the reviews were shared among the running replicas (the apiserver keeps its connections,
-    so one replica can get most of them)."""
-    family = "ix_gpu_admission_duration_seconds"
+    so one replica can get most of them; the Go reference counts its reviews for this too)."""
+    family = ADMISSION_FAMILY
     running = webhook.metrics()
     own = buckets_of("\n".join([*running, *webhook.killed.metrics]), family, {})
     killed = buckets_of("\n".join(webhook.killed.metrics), family, {})
-    shares = [int(buckets_of(text, family, {}).get(float("inf"), 0)) for text in running]
+    shares = [reviews_in(text) for text in running]
     return {
         "webhook_reviews_by_replica": sorted(shares, reverse=True),
         "webhook_reviews_counted": int(own.get(float("inf"), 0)),
         "webhook_reviews_counted_before_kills": int(killed.get(float("inf"), 0)),
         "webhook_p99_ms": ms(buckets_quantile(own, 0.99)),
     }
+
+
+def pod_metrics(pod: dict[str, Any], port: int) -> str:
+    """A replica's /metrics at its pod IP, over TLS left unverified: this reads figures from each
+    replica, not the webhook's identity (the apiserver checks that on every review)."""
+    tls = ssl.create_default_context()
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+    url = f"https://{pod['status']['podIP']}:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10, context=tls) as response:
+        text: str = response.read().decode()
+        return text
 
 
 def rss_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
@@ -163,11 +193,6 @@ class ChartWebhook:
         if result.returncode != 0:
             raise RuntimeError(f"helm install: {result.stdout}{result.stderr}")
         self.install_s = round(time.monotonic() - started, 1)
-        # Unverified TLS: this reads figures from each replica's pod IP, not the webhook's identity
-        # (the apiserver checks that on every review).
-        self._tls = ssl.create_default_context()
-        self._tls.check_hostname = False
-        self._tls.verify_mode = ssl.CERT_NONE
 
     def pods(self) -> list[dict[str, Any]]:
         return self.release.pods("webhook")
@@ -179,10 +204,7 @@ class ChartWebhook:
         return [self._metrics_of(pod) for pod in self.pods()]
 
     def _metrics_of(self, pod: dict[str, Any]) -> str:
-        port = self.release.values.get("webhook", {}).get("port", 8443)
-        url = f"https://{pod['status']['podIP']}:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=10, context=self._tls) as response:
-            return response.read().decode()
+        return pod_metrics(pod, self.release.values.get("webhook", {}).get("port", 8443))
 
     def kill_one(self) -> dict[str, Any]:
         (victim, *_) = sorted(self.pods(), key=lambda p: str(p["metadata"]["name"]))

@@ -190,6 +190,7 @@ class MiniCluster:
         kwok_nodes: int = 0,
         kwok_dra_every: int = 4,
         kwok_boards: int = 4,
+        webhook_routing: str | None = None,
     ) -> None:
         """``plugin_config``: the plugins' ix-config (None: start no plugin). ``containers_path``: the
         containers' PATH (default: this interpreter's directory, then the system's). ``log_dir``:
@@ -204,12 +205,22 @@ class MiniCluster:
         kube-proxy included; no plugin is started there, the chart installs it: ``plugin_config``
         must be None). ``kwok_nodes``: that many simulated GPU nodes besides (tests/k8s/kwok.py),
         every ``kwok_dra_every``-th a DRA node with its ResourceSlice, each of ``kwok_boards``
-        boards."""
+        boards. ``webhook_routing``: how the apiserver reaches a webhook's Service. ``service``
+        (containerd's default): it dials the ClusterIP, kube-proxy picks a replica per connection,
+        as in most clusters. ``endpoints`` (fake-cri's, which has no kube-proxy):
+        ``--enable-aggregator-routing=true``, the apiserver picks an endpoint itself; from
+        v1.37 on each request anew (the ``WebhookRoundTripLoadBalancing`` gate, on by default),
+        before that per connection."""
         if runtime not in ("fake-cri", "containerd"):
             raise ValueError(f"runtime: {runtime!r}")
         if runtime == "containerd" and plugin_config is not None:
             raise ValueError("real nodes get their device plugin from the chart: plugin_config=None")
         self.runtime = runtime
+        self.webhook_routing = webhook_routing or ("service" if runtime == "containerd" else "endpoints")
+        if self.webhook_routing not in ("service", "endpoints") or (
+            runtime == "fake-cri" and self.webhook_routing == "service"
+        ):
+            raise ValueError(f"webhook_routing {webhook_routing!r}: endpoints, or service with containerd")
         self.real_nodes: RealNodes | None = RealNodes() if runtime == "containerd" else None
         self.kubelet_config = kubelet_config
         self.node_ip = node_ip
@@ -348,10 +359,7 @@ class MiniCluster:
             self.work_dir / "kube-apiserver",
             self.log_dir,
             service_account_admission=True,
-            # fake-cri nodes have no kube-proxy: webhooks (and aggregated APIs) are dialled at their
-            # Service's endpoints. Real nodes have one, and the control plane's kube-proxy routes the
-            # apiserver to a webhook's ClusterIP, as in a real cluster.
-            extra_args=[] if self.real_nodes is not None else ["--enable-aggregator-routing=true"],
+            extra_args=["--enable-aggregator-routing=true"] if self.webhook_routing == "endpoints" else [],
             **(RealNodes.apiserver_args if self.real_nodes is not None else {}),
         )
         self._timed("etcd+apiserver", t)

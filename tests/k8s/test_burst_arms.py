@@ -7,6 +7,7 @@ core alone, with the config the real-node chart values give (the nodes' driver r
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -14,10 +15,13 @@ from ix_gpu.config.webhook_config import default_config, parse_config
 from ix_gpu.devicemodel import labels
 from ix_gpu.webhook.core.decision import Decision
 from ix_gpu.webhook.core.mutation import mutate
+from ix_gpu.webhook.service.metrics import ServiceMetrics
 from tests.k8s import real_nodes
 from tests.k8s.burst import gpu_pod, namespace_facts
 from tests.k8s.burst_arms import PreApplied
 from tests.k8s.burst_compare import arm_order, parse_arms
+from tests.k8s.burst_webhook import reviews_in
+from tests.k8s.cluster import MiniCluster
 from tests.k8s.host_quiet import busy_share, cpu_times, settle
 
 
@@ -103,3 +107,30 @@ def test_the_busy_share_is_read_from_the_cpu_counters() -> None:
     assert busy_share(0, times=lambda: next(counters)) == 0.6
     busy, total = cpu_times()
     assert 0 <= busy <= total
+
+
+def test_each_replicas_reviews_are_read_from_ix_gpus_histogram_or_the_go_counter() -> None:
+    metrics = ServiceMetrics()
+    for seconds in (0.001, 0.002, 0.5):
+        metrics.observe_duration(seconds)
+    assert reviews_in(metrics.render().decode()) == 3
+    # What bench/go-webhook's /metrics serves (its handler writes exactly these lines).
+    go = (
+        "# HELP ix_gpu_go_reference_reviews_total Reviews POSTed to /mutate.\n"
+        "# TYPE ix_gpu_go_reference_reviews_total counter\n"
+        "ix_gpu_go_reference_reviews_total 6418\n"
+    )
+    assert reviews_in(go) == 6418
+    assert reviews_in("") == 0
+
+
+def test_the_webhook_routing_defaults_to_what_each_runtime_has_and_refuses_service_without_kube_proxy(
+    tmp_path: Path,
+) -> None:
+    assert MiniCluster(tmp_path, runtime="fake-cri").webhook_routing == "endpoints"
+    assert MiniCluster(tmp_path, runtime="containerd", plugin_config=None).webhook_routing == "service"
+    routed = MiniCluster(tmp_path, runtime="containerd", plugin_config=None, webhook_routing="endpoints")
+    assert routed.webhook_routing == "endpoints"
+    for runtime, routing in (("fake-cri", "service"), ("containerd", "round-robin")):
+        with pytest.raises(ValueError, match="webhook_routing"):
+            MiniCluster(tmp_path, runtime=runtime, plugin_config=None, webhook_routing=routing)
