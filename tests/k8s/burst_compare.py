@@ -52,6 +52,9 @@ CHECKS = (
     "preapplied_pods_lacking",
     "webhook_cpu_s_by_replica",
     "webhook_reviews_by_replica",
+    "webhook_cpu_wait_ms_per_review",
+    "webhook_cpu_wait_s_by_replica",
+    "webhook_connections_accepted_by_replica",
 )
 
 

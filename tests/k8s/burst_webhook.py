@@ -45,6 +45,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_delay_s(pid: int) -> float:
+    """Seconds the threads of ``pid`` have spent runnable but waiting for a CPU (the second field
+    of each thread's ``schedstat``): what a saturated host adds to a replica's answers, which
+    its own latency histogram, started once a request is read, does not see. A thread that has
+    exited since is not counted, so compare a replica with itself over a window."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread exited between the listing and the read
+    return total / 1e9
+
+
+def connections_accepted(pid: int) -> int | None:
+    """TCP connections accepted in the network namespace of ``pid`` (``Tcp: PassiveOpens`` of its
+    ``net/snmp``): a replica in a pod of its own has the namespace to itself, so this counts the
+    connections the apiserver opened to it. None for a process in this one's namespace (a host
+    process: the count would be the whole host's)."""
+    if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
+        return None
+    lines = [line.split() for line in Path(f"/proc/{pid}/net/snmp").read_text().splitlines()]
+    names, values = [fields for fields in lines if fields and fields[0] == "Tcp:"][:2]
+    return int(values[names.index("PassiveOpens")])
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -83,6 +109,36 @@ def cpu_of(webhook: WebhookUnderTest) -> float:
 def cpu_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
     """CPU seconds of each replica running now (by pod name): how the work was shared."""
     return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in webhook.replica_pids().items()}
+
+
+def host_wait_by_replica(webhook: WebhookUnderTest) -> dict[str, tuple[float, int | None]]:
+    """Each running replica's seconds waiting for a CPU and connections accepted so far (see
+    :func:`run_delay_s` and :func:`connections_accepted`; its first process's namespace)."""
+    return {
+        name: (sum(run_delay_s(pid) for pid in pids), connections_accepted(pids[0]) if pids else None)
+        for name, pids in webhook.replica_pids().items()
+    }
+
+
+def host_wait_figures(
+    before: dict[str, tuple[float, int | None]], after: dict[str, tuple[float, int | None]], reviews: int
+) -> dict[str, Any]:
+    """What the burst added to :func:`host_wait_by_replica`, for the replicas running at both
+    reads: the CPU wait per review over all of them, and each one's wait and new connections."""
+    names = sorted(before.keys() & after.keys())
+    waits = [after[name][0] - before[name][0] for name in names]
+    opened = [
+        (after[name][1] or 0) - (before[name][1] or 0)
+        for name in names
+        if after[name][1] is not None and before[name][1] is not None
+    ]
+    figures: dict[str, Any] = {
+        "webhook_cpu_wait_ms_per_review": round(sum(waits) / max(reviews, 1) * 1000, 3),
+        "webhook_cpu_wait_s_by_replica": sorted((round(w, 2) for w in waits), reverse=True),
+    }
+    if opened:
+        figures["webhook_connections_accepted_by_replica"] = sorted(opened, reverse=True)
+    return figures
 
 
 def admission_figures(before: str, after: str) -> dict[str, Any]:

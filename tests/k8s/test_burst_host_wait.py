@@ -1,0 +1,78 @@
+"""What the scale bench reads from the host about each replica beside its own figures: the time its
+threads waited for a CPU and the connections it accepted over the burst (``burst_webhook.py``).
+Read from real processes: this one, and a child in a network namespace of its own, as a replica's
+pod has."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.k8s.burst_webhook import connections_accepted, host_wait_figures, run_delay_s
+
+_ACCEPTS_THREE = """
+import socket, sys, time
+server = socket.create_server(("127.0.0.1", 0))
+clients = [socket.create_connection(server.getsockname()) for _ in range(3)]
+accepted = [server.accept() for _ in range(3)]
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_in_its_own_network_namespace_counts_the_connections_it_accepted() -> None:
+    script = f'ip link set lo up && exec "{sys.executable}" -c "$0"'
+    child = subprocess.Popen(
+        ["unshare", "--net", "sh", "-c", script, _ACCEPTS_THREE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        if not line:
+            pytest.fail(f"the child in a new network namespace did not start: {child.stderr.read()}")  # type: ignore[union-attr]
+        assert line.strip() == "ready"
+        assert connections_accepted(child.pid) == 3
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_process_sharing_this_network_namespace_has_no_count_of_its_own() -> None:
+    assert connections_accepted(os.getpid()) is None
+
+
+def test_the_cpu_wait_of_a_process_is_read_from_its_threads_and_only_grows() -> None:
+    first = run_delay_s(os.getpid())
+    # Runnable children beside this process on every CPU make it wait at least now and then.
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<1.0: pass"])
+        for _ in range((os.cpu_count() or 1) * 2)
+    ]
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        pass
+    for spinner in spinners:
+        spinner.wait()
+    assert run_delay_s(os.getpid()) > first >= 0.0
+
+
+def test_the_burst_adds_each_replicas_wait_and_connections_and_the_wait_per_review() -> None:
+    before = {"a": (1.0, 10), "b": (2.0, 20), "gone": (5.0, 1)}
+    after = {"a": (1.5, 13), "b": (2.25, 20), "new": (9.0, 9)}
+    assert host_wait_figures(before, after, reviews=250) == {
+        "webhook_cpu_wait_ms_per_review": 3.0,
+        "webhook_cpu_wait_s_by_replica": [0.5, 0.25],
+        "webhook_connections_accepted_by_replica": [3, 0],
+    }
+    host = {"a": (1.0, None)}
+    assert host_wait_figures(host, {"a": (2.0, None)}, reviews=1000) == {
+        "webhook_cpu_wait_ms_per_review": 1.0,
+        "webhook_cpu_wait_s_by_replica": [1.0],
+    }
