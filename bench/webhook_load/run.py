@@ -2,6 +2,7 @@
 
     python bench/webhook_load/run.py [--rounds 3] [--duration 10] [--connections 64]
         [--server-cpu 0] [--client-cpu 1] [--tree prev=/path/to/an/older/checkout] [--rss]
+        [--paced-ms 50]
 
 Servers, all started at once and each pinned to the same core (taskset), measured one at a time:
 
@@ -28,6 +29,11 @@ request is the server's utime+stime (``/proc/<pid>/stat``, all threads) over the
 the requests answered: unlike req/s it hardly moves with what else runs on the machine. Before
 measuring, each server's answer to each body is checked: the same patch as ix-gpu's, but for
 ix-gpu's ``injected-items`` record.
+
+``--paced-ms N`` measures latency instead of throughput: one keep-alive connection sending a review
+N ms after each answer, so each server sits idle between reviews as under single pod creates
+(its code and data leave the CPU's caches in between). wrk's latency starts when the request is
+written, after the pause. The report then compares p50 and p99 latency.
 
 ``--rss`` adds one continuous run of 100,000+ requests against ix-gpu with RSS sampled every 5 s.
 Needs ``wrk`` (Debian package), ``taskset`` and ``go``. Not a test: figures depend on the machine.
@@ -159,7 +165,10 @@ def _wrk(
 def _measured(server: Server, args: argparse.Namespace, body: Path, seconds: float) -> dict[str, Any]:
     url = f"https://127.0.0.1:{server.port}/mutate"
     cpu_before = _cpu_seconds(server.proc.pid)
-    result = _wrk(url, body, seconds, args.connections, args.client_cpu)
+    if args.paced_ms is None:
+        result = _wrk(url, body, seconds, args.connections, args.client_cpu)
+    else:
+        result = _wrk(url, body, seconds, 1, args.client_cpu, delay_ms=args.paced_ms)
     cpu = _cpu_seconds(server.proc.pid) - cpu_before
     result["cpu_us_per_request"] = cpu * 1e6 / max(result["requests"], 1)
     return result
@@ -196,6 +205,39 @@ def start(name: str, tree: Path | None, workdir: Path, certs: Path, port: int, c
 def _span(values: list[float], fmt: str) -> str:
     low, high = min(values), max(values)
     return format(low, fmt) if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}-{high:{fmt}}"
+
+
+def paced_report(servers: list[Server], bodies: dict[str, Path], rounds: int, pause_ms: int) -> str:
+    """Latency of reviews sent one at a time: each server's p50 and p99, and the first server's
+    against each other one, per round."""
+    lines = [
+        f"one review every {pause_ms} ms after the last answer, one connection",
+        f"{'body':8} {'server':8} {'requests':>9} {'p50 µs':>11} {'p99 µs':>11} "
+        f"{'CPU µs/req':>11} {'errors':>6}",
+    ]
+    for body in bodies:
+        for server in servers:
+            runs = server.runs[body]
+            errors = sum(sum(run["errors"].values()) for run in runs)
+            lines.append(
+                f"{body:8} {server.name:8} {sum(r['requests'] for r in runs):9d} "
+                f"{_span([r['p50_us'] for r in runs], '.0f'):>11} "
+                f"{_span([r['p99_us'] for r in runs], '.0f'):>11} "
+                f"{_span([r['cpu_us_per_request'] for r in runs], '.0f'):>11} {errors:6d}"
+            )
+    lines.append("")
+    main, others = servers[0], servers[1:]
+    for body in bodies:
+        for other in others:
+            pairs = list(zip(main.runs[body], other.runs[body], strict=True))
+            p50 = [m["p50_us"] / max(o["p50_us"], 1) for m, o in pairs]
+            p99 = [m["p99_us"] / max(o["p99_us"], 1) for m, o in pairs]
+            lines.append(
+                f"{body}: {main.name} / {other.name}: p50 {_span(p50, '.2f')}x "
+                f"(median {statistics.median(p50):.2f}x), p99 {_span(p99, '.2f')}x "
+                f"(median {statistics.median(p99):.2f}x) ({rounds} rounds)"
+            )
+    return "\n".join(lines)
 
 
 def report(servers: list[Server], bodies: dict[str, Path], rounds: int) -> str:
@@ -266,6 +308,13 @@ def main() -> None:
     )
     parser.add_argument("--rss", action="store_true", help="also the 100k-request RSS run of ix-gpu")
     parser.add_argument("--rss-requests", type=int, default=100_000)
+    parser.add_argument(
+        "--paced-ms",
+        type=int,
+        default=None,
+        metavar="N",
+        help="latency, not throughput: one connection, a review N ms after each answer",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, bodies)")
     args = parser.parse_args()
     for tool in ("wrk", "taskset", "go"):
@@ -303,7 +352,10 @@ def main() -> None:
             for name, body in bodies.items():
                 for server in servers if round_ % 2 == 0 else reversed(servers):
                     server.runs.setdefault(name, []).append(_measured(server, args, body, args.duration))
-        print(report(servers, bodies, args.rounds))
+        if args.paced_ms is None:
+            print(report(servers, bodies, args.rounds))
+        else:
+            print(paced_report(servers, bodies, args.rounds, args.paced_ms))
         if args.rss:
             print(rss_run(servers[0], args, bodies["pod-14k"]))
         results = [{"server": s.name, "runs": s.runs} for s in servers]

@@ -54,7 +54,7 @@ CHECKS = (
     "webhook_reviews_by_replica",
     "webhook_cpu_wait_ms_per_review",
     "webhook_cpu_wait_s_by_replica",
-    "webhook_connections_accepted_by_replica",
+    "webhook_tcp_by_replica",
 )
 
 

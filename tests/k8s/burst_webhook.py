@@ -59,16 +59,29 @@ def run_delay_s(pid: int) -> float:
     return total / 1e9
 
 
-def connections_accepted(pid: int) -> int | None:
-    """TCP connections accepted in the network namespace of ``pid`` (``Tcp: PassiveOpens`` of its
-    ``net/snmp``): a replica in a pod of its own has the namespace to itself, so this counts the
-    connections the apiserver opened to it. None for a process in this one's namespace (a host
-    process: the count would be the whole host's)."""
+TCP_COUNTERS = {
+    "accepted": ("snmp", "Tcp:", "PassiveOpens"),
+    "retransmitted": ("snmp", "Tcp:", "RetransSegs"),
+    "listen_drops": ("netstat", "TcpExt:", "ListenDrops"),
+}
+"""What :func:`tcp_counters` reads: connections accepted, segments sent again, and connections
+the listen queue dropped (a client then waits for its SYN's retransmission, a second at first)."""
+
+
+def tcp_counters(pid: int) -> dict[str, int] | None:
+    """The TCP counters of the network namespace of ``pid`` (its ``net/snmp`` and ``net/netstat``),
+    as :data:`TCP_COUNTERS` names them. A replica in a pod of its own has the namespace to itself:
+    these are its connections (the apiserver's, and the kubelet's probes). None for a process in
+    this one's namespace (a host process: the counts would be the whole host's)."""
     if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino:
         return None
-    lines = [line.split() for line in Path(f"/proc/{pid}/net/snmp").read_text().splitlines()]
-    names, values = [fields for fields in lines if fields and fields[0] == "Tcp:"][:2]
-    return int(values[names.index("PassiveOpens")])
+    tables: dict[tuple[str, str], dict[str, int]] = {}
+    for file in ("snmp", "netstat"):
+        rows = [line.split() for line in Path(f"/proc/{pid}/net/{file}").read_text().splitlines()]
+        for names, values in zip(rows[::2], rows[1::2], strict=False):
+            if names and values and names[0] == values[0]:
+                tables[file, names[0]] = dict(zip(names[1:], map(int, values[1:]), strict=False))
+    return {name: tables[file, table][field] for name, (file, table, field) in TCP_COUNTERS.items()}
 
 
 def rss_mib(pid: int) -> float:
@@ -111,33 +124,34 @@ def cpu_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
     return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in webhook.replica_pids().items()}
 
 
-def host_wait_by_replica(webhook: WebhookUnderTest) -> dict[str, tuple[float, int | None]]:
-    """Each running replica's seconds waiting for a CPU and connections accepted so far (see
-    :func:`run_delay_s` and :func:`connections_accepted`; its first process's namespace)."""
+_Wait = tuple[float, dict[str, int] | None]
+
+
+def host_wait_by_replica(webhook: WebhookUnderTest) -> dict[str, _Wait]:
+    """Each running replica's seconds waiting for a CPU and TCP counters so far (see
+    :func:`run_delay_s` and :func:`tcp_counters`; its first process's namespace)."""
     return {
-        name: (sum(run_delay_s(pid) for pid in pids), connections_accepted(pids[0]) if pids else None)
+        name: (sum(run_delay_s(pid) for pid in pids), tcp_counters(pids[0]) if pids else None)
         for name, pids in webhook.replica_pids().items()
     }
 
 
-def host_wait_figures(
-    before: dict[str, tuple[float, int | None]], after: dict[str, tuple[float, int | None]], reviews: int
-) -> dict[str, Any]:
+def host_wait_figures(before: dict[str, _Wait], after: dict[str, _Wait], reviews: int) -> dict[str, Any]:
     """What the burst added to :func:`host_wait_by_replica`, for the replicas running at both
-    reads: the CPU wait per review over all of them, and each one's wait and new connections."""
+    reads: the CPU wait per review over all of them, each one's wait, and each one's TCP counts."""
     names = sorted(before.keys() & after.keys())
     waits = [after[name][0] - before[name][0] for name in names]
-    opened = [
-        (after[name][1] or 0) - (before[name][1] or 0)
-        for name in names
-        if after[name][1] is not None and before[name][1] is not None
-    ]
     figures: dict[str, Any] = {
         "webhook_cpu_wait_ms_per_review": round(sum(waits) / max(reviews, 1) * 1000, 3),
         "webhook_cpu_wait_s_by_replica": sorted((round(w, 2) for w in waits), reverse=True),
     }
-    if opened:
-        figures["webhook_connections_accepted_by_replica"] = sorted(opened, reverse=True)
+    tcp = []
+    for name in names:
+        first, last = before[name][1], after[name][1]
+        if first is not None and last is not None:
+            tcp.append({counter: last[counter] - first[counter] for counter in TCP_COUNTERS})
+    if tcp:
+        figures["webhook_tcp_by_replica"] = sorted(tcp, key=lambda c: c["accepted"], reverse=True)
     return figures
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.k8s.burst_webhook import connections_accepted, host_wait_figures, run_delay_s
+from tests.k8s.burst_webhook import host_wait_figures, run_delay_s, tcp_counters
 
 _ACCEPTS_THREE = """
 import socket, sys, time
@@ -24,7 +24,7 @@ time.sleep(60)
 """
 
 
-def test_a_process_in_its_own_network_namespace_counts_the_connections_it_accepted() -> None:
+def test_a_process_in_its_own_network_namespace_has_its_own_tcp_counts() -> None:
     script = f'ip link set lo up && exec "{sys.executable}" -c "$0"'
     child = subprocess.Popen(
         ["unshare", "--net", "sh", "-c", script, _ACCEPTS_THREE],
@@ -38,14 +38,17 @@ def test_a_process_in_its_own_network_namespace_counts_the_connections_it_accept
         if not line:
             pytest.fail(f"the child in a new network namespace did not start: {child.stderr.read()}")  # type: ignore[union-attr]
         assert line.strip() == "ready"
-        assert connections_accepted(child.pid) == 3
+        counters = tcp_counters(child.pid)
+        assert counters is not None
+        assert counters["accepted"] == 3
+        assert counters["listen_drops"] == 0
     finally:
         child.kill()
         child.wait()
 
 
 def test_a_process_sharing_this_network_namespace_has_no_count_of_its_own() -> None:
-    assert connections_accepted(os.getpid()) is None
+    assert tcp_counters(os.getpid()) is None
 
 
 def test_the_cpu_wait_of_a_process_is_read_from_its_threads_and_only_grows() -> None:
@@ -64,12 +67,15 @@ def test_the_cpu_wait_of_a_process_is_read_from_its_threads_and_only_grows() -> 
 
 
 def test_the_burst_adds_each_replicas_wait_and_connections_and_the_wait_per_review() -> None:
-    before = {"a": (1.0, 10), "b": (2.0, 20), "gone": (5.0, 1)}
-    after = {"a": (1.5, 13), "b": (2.25, 20), "new": (9.0, 9)}
+    def tcp(accepted: int, retransmitted: int = 0, listen_drops: int = 0) -> dict[str, int]:
+        return {"accepted": accepted, "retransmitted": retransmitted, "listen_drops": listen_drops}
+
+    before = {"a": (1.0, tcp(10, 1)), "b": (2.0, tcp(20)), "gone": (5.0, tcp(1))}
+    after = {"a": (1.5, tcp(13, 4, 1)), "b": (2.25, tcp(20)), "new": (9.0, tcp(9))}
     assert host_wait_figures(before, after, reviews=250) == {
         "webhook_cpu_wait_ms_per_review": 3.0,
         "webhook_cpu_wait_s_by_replica": [0.5, 0.25],
-        "webhook_connections_accepted_by_replica": [3, 0],
+        "webhook_tcp_by_replica": [tcp(3, 3, 1), tcp(0)],
     }
     host = {"a": (1.0, None)}
     assert host_wait_figures(host, {"a": (2.0, None)}, reviews=1000) == {
