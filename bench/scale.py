@@ -34,6 +34,13 @@ containerd default, as in most clusters): it dials the Service's ClusterIP and k
 replica once per connection; the apiserver reuses its most recently used idle connection first, so
 one replica can take most of a burst. ``endpoints``: the apiserver runs with
 ``--enable-aggregator-routing=true`` and picks an endpoint itself, on v1.37 for each request.
+
+Beside each webhook's own figures, the host's view of its replicas over the burst:
+``webhook_cpu_wait_ms_per_review`` (the time their threads spent runnable, waiting for a CPU,
+from ``/proc/<pid>/task/*/schedstat``: what a saturated host adds that a replica's own latency,
+started once a request is read, does not see) and ``webhook_tcp_by_replica`` (connections
+accepted, segments retransmitted and connections the listen queue dropped, from each pod's own
+network namespace; probes and the bench's reads of ``/metrics`` are connections too).
 """
 
 from __future__ import annotations

@@ -66,8 +66,8 @@ from tests.k8s.burst_webhook import (
     admission_figures,
     cpu_by_replica,
     cpu_of,
-    host_wait_by_replica,
-    host_wait_figures,
+    host_view_by_replica,
+    host_view_figures,
     rss_by_replica,
     webhook_figures,
 )
@@ -428,7 +428,7 @@ def run(
             result["settle_s"], result["settle_reason"] = settled.waited_s, settled.reason
             result["busy_at_start"] = settled.busy_at_start
         cpu_before, shares_before = cpu_of(webhook), cpu_by_replica(webhook)
-        waits_before = host_wait_by_replica(webhook)
+        host_before = host_view_by_replica(webhook)
         # The histograms are read before and after: the burst's figures are their difference.
         apiserver_before = str(api.request("GET", "/metrics")[1])
         scheduler_before = scheduler_metrics(cluster)
@@ -467,7 +467,7 @@ def run(
         result["webhook_cpu_s_by_replica"] = sorted(
             (round(cpu - shares_before.get(name, 0.0), 2) for name, cpu in shares.items()), reverse=True
         )
-        result.update(host_wait_figures(waits_before, host_wait_by_replica(webhook), reviews))
+        result.update(host_view_figures(host_before, host_view_by_replica(webhook), reviews))
 
         startup = [watch.running[k] - burst.created[k] for k in burst.created if k in watch.running]
         scheduling = {

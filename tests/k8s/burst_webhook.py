@@ -15,8 +15,10 @@ them (``killed``): the burst's figures then cover the victim's reviews before it
 from __future__ import annotations
 
 import os
+import re
 import signal
 import ssl
+import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -61,11 +63,17 @@ def run_delay_s(pid: int) -> float:
 
 TCP_COUNTERS = {
     "accepted": ("snmp", "Tcp:", "PassiveOpens"),
+    "sent": ("snmp", "Tcp:", "OutSegs"),
     "retransmitted": ("snmp", "Tcp:", "RetransSegs"),
+    "loss_probes": ("netstat", "TcpExt:", "TCPLossProbes"),
+    "timeouts": ("netstat", "TcpExt:", "TCPTimeouts"),
+    "syn_retransmitted": ("netstat", "TcpExt:", "TCPSynRetrans"),
     "listen_drops": ("netstat", "TcpExt:", "ListenDrops"),
 }
-"""What :func:`tcp_counters` reads: connections accepted, segments sent again, and connections
-the listen queue dropped (a client then waits for its SYN's retransmission, a second at first)."""
+"""What :func:`tcp_counters` reads: connections accepted, segments sent and sent again, and of
+those sent again the tail-loss probes (an answer's last segment unacknowledged after a few
+round trips), the retransmission timeouts (200 ms at least) and the handshakes' SYN-ACKs; and
+connections the listen queue dropped (a client then waits a second for its SYN again)."""
 
 
 def tcp_counters(pid: int) -> dict[str, int] | None:
@@ -124,32 +132,80 @@ def cpu_by_replica(webhook: WebhookUnderTest) -> dict[str, float]:
     return {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in webhook.replica_pids().items()}
 
 
-_Wait = tuple[float, dict[str, int] | None]
+_RETRANS = re.compile(r"\bretrans:\d+/(\d+)")
 
 
-def host_wait_by_replica(webhook: WebhookUnderTest) -> dict[str, _Wait]:
-    """Each running replica's seconds waiting for a CPU and TCP counters so far (see
-    :func:`run_delay_s` and :func:`tcp_counters`; its first process's namespace)."""
-    return {
-        name: (sum(run_delay_s(pid) for pid in pids), tcp_counters(pids[0]) if pids else None)
-        for name, pids in webhook.replica_pids().items()
-    }
+def socket_retransmissions(pid: int) -> dict[str, tuple[str, int]]:
+    """The TCP sockets open now in the network namespace of ``pid`` (``ss -ti`` there), each
+    (``local peer``) with its side and the segments it has sent again. ``served``: accepted on
+    one of the namespace's listening ports (the apiserver's connections to a replica, and
+    probes); ``dialed``: opened from it (a replica's own watches of the apiserver)."""
+    listing = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ss", "-tinaH"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    sockets = [
+        (line.split(), listing[i + 1] if i + 1 < len(listing) and listing[i + 1][:1].isspace() else "")
+        for i, line in enumerate(listing)
+        if line[:1] and not line[:1].isspace()
+    ]
+    listening = {fields[3].rpartition(":")[2] for fields, _ in sockets if fields[0] == "LISTEN"}
+    found: dict[str, tuple[str, int]] = {}
+    for fields, info in sockets:
+        if fields[0] == "LISTEN" or len(fields) < 5:
+            continue
+        side = "served" if fields[3].rpartition(":")[2] in listening else "dialed"
+        sent_again = _RETRANS.search(info)
+        found[f"{fields[3]} {fields[4]}"] = (side, int(sent_again.group(1)) if sent_again else 0)
+    return found
 
 
-def host_wait_figures(before: dict[str, _Wait], after: dict[str, _Wait], reviews: int) -> dict[str, Any]:
-    """What the burst added to :func:`host_wait_by_replica`, for the replicas running at both
-    reads: the CPU wait per review over all of them, each one's wait, and each one's TCP counts."""
+@dataclass
+class HostView:
+    """What the host shows of one replica at one moment (see :func:`host_view_by_replica`)."""
+
+    cpu_wait_s: float
+    tcp: dict[str, int] | None
+    sockets: dict[str, tuple[str, int]] | None
+
+
+def host_view_by_replica(webhook: WebhookUnderTest) -> dict[str, HostView]:
+    """Each running replica's seconds waiting for a CPU, and in a pod of its own its TCP counters
+    and open sockets (:func:`run_delay_s`, :func:`tcp_counters`, :func:`socket_retransmissions`;
+    its first process's namespace)."""
+    views = {}
+    for name, pids in webhook.replica_pids().items():
+        tcp = tcp_counters(pids[0]) if pids else None
+        sockets = socket_retransmissions(pids[0]) if tcp is not None else None
+        views[name] = HostView(sum(run_delay_s(pid) for pid in pids), tcp, sockets)
+    return views
+
+
+def host_view_figures(
+    before: dict[str, HostView], after: dict[str, HostView], reviews: int
+) -> dict[str, Any]:
+    """What the burst added to :func:`host_view_by_replica`, for the replicas running at both
+    reads: the CPU wait per review over all of them, each one's wait, its TCP counts, and the
+    retransmissions of its sockets open at the end by side (what a socket had sent again before
+    the burst taken off; sockets closed during it are in the TCP counts only)."""
     names = sorted(before.keys() & after.keys())
-    waits = [after[name][0] - before[name][0] for name in names]
+    waits = [after[name].cpu_wait_s - before[name].cpu_wait_s for name in names]
     figures: dict[str, Any] = {
         "webhook_cpu_wait_ms_per_review": round(sum(waits) / max(reviews, 1) * 1000, 3),
         "webhook_cpu_wait_s_by_replica": sorted((round(w, 2) for w in waits), reverse=True),
     }
     tcp = []
     for name in names:
-        first, last = before[name][1], after[name][1]
-        if first is not None and last is not None:
-            tcp.append({counter: last[counter] - first[counter] for counter in TCP_COUNTERS})
+        first, last = before[name], after[name]
+        if first.tcp is None or last.tcp is None or first.sockets is None or last.sockets is None:
+            continue
+        counts = {counter: last.tcp[counter] - first.tcp[counter] for counter in TCP_COUNTERS}
+        for side in ("served", "dialed"):
+            counts[f"open_{side}_retransmitted"] = sum(
+                total - first.sockets.get(key, (side, 0))[1]
+                for key, (where, total) in last.sockets.items()
+                if where == side
+            )
+        tcp.append(counts)
     if tcp:
         figures["webhook_tcp_by_replica"] = sorted(tcp, key=lambda c: c["accepted"], reverse=True)
     return figures

@@ -12,7 +12,14 @@ import time
 
 import pytest
 
-from tests.k8s.burst_webhook import host_wait_figures, run_delay_s, tcp_counters
+from tests.k8s.burst_webhook import (
+    TCP_COUNTERS,
+    HostView,
+    host_view_figures,
+    run_delay_s,
+    socket_retransmissions,
+    tcp_counters,
+)
 
 _ACCEPTS_THREE = """
 import socket, sys, time
@@ -41,7 +48,11 @@ def test_a_process_in_its_own_network_namespace_has_its_own_tcp_counts() -> None
         counters = tcp_counters(child.pid)
         assert counters is not None
         assert counters["accepted"] == 3
-        assert counters["listen_drops"] == 0
+        assert counters["listen_drops"] == counters["timeouts"] == 0
+        assert counters["sent"] >= 3  # the handshakes' SYN-ACKs at least
+        sockets = socket_retransmissions(child.pid)
+        assert sorted(side for side, _ in sockets.values()) == ["dialed"] * 3 + ["served"] * 3
+        assert all(sent_again == 0 for _, sent_again in sockets.values())
     finally:
         child.kill()
         child.wait()
@@ -66,19 +77,34 @@ def test_the_cpu_wait_of_a_process_is_read_from_its_threads_and_only_grows() -> 
     assert run_delay_s(os.getpid()) > first >= 0.0
 
 
-def test_the_burst_adds_each_replicas_wait_and_connections_and_the_wait_per_review() -> None:
+def test_the_burst_adds_each_replicas_wait_tcp_counts_and_open_sockets_retransmissions() -> None:
     def tcp(accepted: int, retransmitted: int = 0, listen_drops: int = 0) -> dict[str, int]:
-        return {"accepted": accepted, "retransmitted": retransmitted, "listen_drops": listen_drops}
+        counts = dict.fromkeys(TCP_COUNTERS, 0)
+        counts.update(accepted=accepted, retransmitted=retransmitted, listen_drops=listen_drops)
+        return counts
 
-    before = {"a": (1.0, tcp(10, 1)), "b": (2.0, tcp(20)), "gone": (5.0, tcp(1))}
-    after = {"a": (1.5, tcp(13, 4, 1)), "b": (2.25, tcp(20)), "new": (9.0, tcp(9))}
-    assert host_wait_figures(before, after, reviews=250) == {
-        "webhook_cpu_wait_ms_per_review": 3.0,
-        "webhook_cpu_wait_s_by_replica": [0.5, 0.25],
-        "webhook_tcp_by_replica": [tcp(3, 3, 1), tcp(0)],
+    served, dialed = "10.0.0.5:8443 10.0.0.1:40000", "10.0.0.5:51000 10.96.0.1:443"
+    before = {
+        "a": HostView(1.0, tcp(10, 1), {served: ("served", 1), dialed: ("dialed", 2)}),
+        "b": HostView(2.0, tcp(20), {}),
+        "gone": HostView(5.0, tcp(1), {}),
     }
-    host = {"a": (1.0, None)}
-    assert host_wait_figures(host, {"a": (2.0, None)}, reviews=1000) == {
+    opened_since = "10.0.0.5:8443 10.0.0.1:40002"
+    after = {
+        "a": HostView(
+            1.5, tcp(13, 4, 1), {served: ("served", 2), opened_since: ("served", 1), dialed: ("dialed", 2)}
+        ),
+        "b": HostView(2.25, tcp(20), {}),
+        "new": HostView(9.0, tcp(9), {}),
+    }
+    figures = host_view_figures(before, after, reviews=250)
+    assert figures["webhook_cpu_wait_ms_per_review"] == 3.0
+    assert figures["webhook_cpu_wait_s_by_replica"] == [0.5, 0.25]
+    opened = {"open_served_retransmitted": 2, "open_dialed_retransmitted": 0}
+    none = {"open_served_retransmitted": 0, "open_dialed_retransmitted": 0}
+    assert figures["webhook_tcp_by_replica"] == [tcp(3, 3, 1) | opened, tcp(0) | none]
+    host = {"a": HostView(1.0, None, None)}
+    assert host_view_figures(host, {"a": HostView(2.0, None, None)}, reviews=1000) == {
         "webhook_cpu_wait_ms_per_review": 1.0,
         "webhook_cpu_wait_s_by_replica": [1.0],
     }
