@@ -55,6 +55,7 @@ CHECKS = (
     "webhook_cpu_wait_ms_per_review",
     "webhook_cpu_wait_s_by_replica",
     "webhook_tcp_by_replica",
+    "webhook_cpu_throttled_by_replica",
 )
 
 

@@ -159,6 +159,32 @@ def socket_retransmissions(pid: int) -> dict[str, tuple[str, int]]:
     return found
 
 
+def cpu_throttled(pid: int, root: Path = Path("/sys/fs/cgroup")) -> tuple[int, float] | None:
+    """Periods in which the CPU cgroup of ``pid`` was throttled, and the seconds it spent so
+    (its ``cpu.stat``, cgroup v1's ``cpu`` controller or v2's unified tree under ``root``): a
+    replica over its CPU limit in a period waits for the next, up to 100 ms, and its own latency
+    histogram does not see it. None where the file is not there."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            stat = root / controllers / path.lstrip("/") / "cpu.stat"
+            if not stat.exists():
+                stat = root / "cpu" / path.lstrip("/") / "cpu.stat"
+        elif controllers == "":
+            stat = root / path.lstrip("/") / "cpu.stat"
+        else:
+            continue
+        try:
+            fields = dict(row.split() for row in stat.read_text().splitlines() if row.count(" ") == 1)
+        except OSError:
+            continue
+        if "throttled_usec" in fields:
+            return int(fields["nr_throttled"]), int(fields["throttled_usec"]) / 1e6
+        if "throttled_time" in fields:
+            return int(fields["nr_throttled"]), int(fields["throttled_time"]) / 1e9
+    return None
+
+
 @dataclass
 class HostView:
     """What the host shows of one replica at one moment (see :func:`host_view_by_replica`)."""
@@ -166,17 +192,19 @@ class HostView:
     cpu_wait_s: float
     tcp: dict[str, int] | None
     sockets: dict[str, tuple[str, int]] | None
+    throttled: tuple[int, float] | None = None
 
 
 def host_view_by_replica(webhook: WebhookUnderTest) -> dict[str, HostView]:
-    """Each running replica's seconds waiting for a CPU, and in a pod of its own its TCP counters
-    and open sockets (:func:`run_delay_s`, :func:`tcp_counters`, :func:`socket_retransmissions`;
-    its first process's namespace)."""
+    """Each running replica's seconds waiting for a CPU, its CPU cgroup's throttling, and in a pod
+    of its own its TCP counters and open sockets (:func:`run_delay_s`, :func:`cpu_throttled`,
+    :func:`tcp_counters`, :func:`socket_retransmissions`; its first process's)."""
     views = {}
     for name, pids in webhook.replica_pids().items():
         tcp = tcp_counters(pids[0]) if pids else None
         sockets = socket_retransmissions(pids[0]) if tcp is not None else None
-        views[name] = HostView(sum(run_delay_s(pid) for pid in pids), tcp, sockets)
+        throttled = cpu_throttled(pids[0]) if pids else None
+        views[name] = HostView(sum(run_delay_s(pid) for pid in pids), tcp, sockets, throttled)
     return views
 
 
@@ -208,6 +236,13 @@ def host_view_figures(
         tcp.append(counts)
     if tcp:
         figures["webhook_tcp_by_replica"] = sorted(tcp, key=lambda c: c["accepted"], reverse=True)
+    throttled = [
+        [last[0] - first[0], round(last[1] - first[1], 3)]
+        for first, last in ((before[name].throttled, after[name].throttled) for name in names)
+        if first is not None and last is not None
+    ]
+    if throttled:
+        figures["webhook_cpu_throttled_by_replica"] = sorted(throttled, reverse=True)
     return figures
 
 

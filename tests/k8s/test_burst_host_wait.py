@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.k8s.burst_webhook import (
     TCP_COUNTERS,
     HostView,
+    cpu_throttled,
     host_view_figures,
     run_delay_s,
     socket_retransmissions,
@@ -97,14 +99,34 @@ def test_the_burst_adds_each_replicas_wait_tcp_counts_and_open_sockets_retransmi
         "b": HostView(2.25, tcp(20), {}),
         "new": HostView(9.0, tcp(9), {}),
     }
+    before["a"].throttled, after["a"].throttled = (2, 0.5), (5, 0.75)
     figures = host_view_figures(before, after, reviews=250)
     assert figures["webhook_cpu_wait_ms_per_review"] == 3.0
     assert figures["webhook_cpu_wait_s_by_replica"] == [0.5, 0.25]
     opened = {"open_served_retransmitted": 2, "open_dialed_retransmitted": 0}
     none = {"open_served_retransmitted": 0, "open_dialed_retransmitted": 0}
     assert figures["webhook_tcp_by_replica"] == [tcp(3, 3, 1) | opened, tcp(0) | none]
+    assert figures["webhook_cpu_throttled_by_replica"] == [[3, 0.25]]
     host = {"a": HostView(1.0, None, None)}
     assert host_view_figures(host, {"a": HostView(2.0, None, None)}, reviews=1000) == {
         "webhook_cpu_wait_ms_per_review": 1.0,
         "webhook_cpu_wait_s_by_replica": [1.0],
     }
+
+
+def test_a_replicas_cpu_throttling_is_read_from_its_cgroup_v1_or_v2(tmp_path: Path) -> None:
+    mine = cpu_throttled(os.getpid())
+    assert mine is not None and mine[0] >= 0 and mine[1] >= 0.0
+    path = Path(f"/proc/{os.getpid()}/cgroup").read_text()
+    v1 = "nr_periods 500\nnr_throttled 7\nthrottled_time 250000000\n"
+    v2 = "usage_usec 9\nnr_periods 500\nnr_throttled 3\nthrottled_usec 40000\n"
+    for line in path.splitlines():
+        _, controllers, where = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            (tmp_path / "cpu" / where.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "cpu" / where.lstrip("/") / "cpu.stat").write_text(v1)
+            assert cpu_throttled(os.getpid(), tmp_path) == (7, 0.25)
+        elif controllers == "":
+            (tmp_path / "v2" / where.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "v2" / where.lstrip("/") / "cpu.stat").write_text(v2)
+            assert cpu_throttled(os.getpid(), tmp_path / "v2") == (3, 0.04)
