@@ -207,66 +207,62 @@ def _span(values: list[float], fmt: str) -> str:
     return format(low, fmt) if f"{low:{fmt}}" == f"{high:{fmt}}" else f"{low:{fmt}}-{high:{fmt}}"
 
 
-def paced_report(servers: list[Server], bodies: dict[str, Path], rounds: int, pause_ms: int) -> str:
-    """Latency of reviews sent one at a time: each server's p50 and p99, and the first server's
-    against each other one, per round."""
-    lines = [
-        f"one review every {pause_ms} ms after the last answer, one connection",
-        f"{'body':8} {'server':8} {'requests':>9} {'p50 µs':>11} {'p99 µs':>11} "
-        f"{'CPU µs/req':>11} {'errors':>6}",
-    ]
+_Column = tuple[str, int, str, Any]
+"""A report column: header, width, number format, and what it reads from one run."""
+_Ratio = tuple[str, Any]
+"""A ratio line's label and what it divides: the first server's run by another's."""
+
+_LOAD_COLUMNS: list[_Column] = [
+    ("req/s", 13, ",.0f", lambda r: r["rps"]),
+    ("CPU µs/req", 11, ".0f", lambda r: r["cpu_us_per_request"]),
+    ("p99 ms", 11, ".1f", lambda r: r["p99_us"] / 1000),
+]
+_LOAD_RATIOS: list[_Ratio] = [
+    ("throughput", lambda m, o: m["rps"] / o["rps"]),
+    ("CPU per request", lambda m, o: m["cpu_us_per_request"] / o["cpu_us_per_request"]),
+]
+_PACED_COLUMNS: list[_Column] = [
+    ("p50 µs", 11, ".0f", lambda r: r["p50_us"]),
+    ("p99 µs", 11, ".0f", lambda r: r["p99_us"]),
+    ("CPU µs/req", 11, ".0f", lambda r: r["cpu_us_per_request"]),
+]
+_PACED_RATIOS: list[_Ratio] = [
+    ("p50", lambda m, o: m["p50_us"] / max(o["p50_us"], 1)),
+    ("p99", lambda m, o: m["p99_us"] / max(o["p99_us"], 1)),
+]
+
+
+def report(servers: list[Server], bodies: dict[str, Path], rounds: int, paced_ms: int | None = None) -> str:
+    """Each server's figures per body as ranges over rounds, then the first server's against each
+    other one, round by round: throughput and CPU, or with ``paced_ms`` latency (one review at a
+    time, ``paced_ms`` after each answer)."""
+    columns, ratios = (_LOAD_COLUMNS, _LOAD_RATIOS) if paced_ms is None else (_PACED_COLUMNS, _PACED_RATIOS)
+    header = f"{'body':8} {'server':8} {'requests':>9} "
+    header += " ".join(f"{name:>{width}}" for name, width, _, _ in columns) + f" {'errors':>6}"
+    lines = (
+        [] if paced_ms is None else [f"one review every {paced_ms} ms after the last answer, one connection"]
+    )
+    lines.append(header)
     for body in bodies:
         for server in servers:
             runs = server.runs[body]
             errors = sum(sum(run["errors"].values()) for run in runs)
+            cells = " ".join(
+                f"{_span([read(r) for r in runs], fmt):>{width}}" for _, width, fmt, read in columns
+            )
             lines.append(
-                f"{body:8} {server.name:8} {sum(r['requests'] for r in runs):9d} "
-                f"{_span([r['p50_us'] for r in runs], '.0f'):>11} "
-                f"{_span([r['p99_us'] for r in runs], '.0f'):>11} "
-                f"{_span([r['cpu_us_per_request'] for r in runs], '.0f'):>11} {errors:6d}"
+                f"{body:8} {server.name:8} {sum(r['requests'] for r in runs):9d} {cells} {errors:6d}"
             )
     lines.append("")
     main, others = servers[0], servers[1:]
     for body in bodies:
         for other in others:
             pairs = list(zip(main.runs[body], other.runs[body], strict=True))
-            p50 = [m["p50_us"] / max(o["p50_us"], 1) for m, o in pairs]
-            p99 = [m["p99_us"] / max(o["p99_us"], 1) for m, o in pairs]
-            lines.append(
-                f"{body}: {main.name} / {other.name}: p50 {_span(p50, '.2f')}x "
-                f"(median {statistics.median(p50):.2f}x), p99 {_span(p99, '.2f')}x "
-                f"(median {statistics.median(p99):.2f}x) ({rounds} rounds)"
-            )
-    return "\n".join(lines)
-
-
-def report(servers: list[Server], bodies: dict[str, Path], rounds: int) -> str:
-    lines = [
-        f"{'body':8} {'server':8} {'req/s':>13} {'CPU µs/req':>11} {'p99 ms':>11} {'errors':>6}",
-    ]
-    for body in bodies:
-        for server in servers:
-            runs = server.runs[body]
-            errors = sum(sum(run["errors"].values()) for run in runs)
-            lines.append(
-                f"{body:8} {server.name:8} {_span([r['rps'] for r in runs], ',.0f'):>13} "
-                f"{_span([r['cpu_us_per_request'] for r in runs], '.0f'):>11} "
-                f"{_span([r['p99_us'] / 1000 for r in runs], '.1f'):>11} {errors:6d}"
-            )
-    lines.append("")
-    main, others = servers[0], servers[1:]
-    for body in bodies:
-        for other in others:
-            rps = [m["rps"] / o["rps"] for m, o in zip(main.runs[body], other.runs[body], strict=True)]
-            cpu = [
-                m["cpu_us_per_request"] / o["cpu_us_per_request"]
-                for m, o in zip(main.runs[body], other.runs[body], strict=True)
-            ]
-            lines.append(
-                f"{body}: {main.name} / {other.name}: throughput {_span(rps, '.2f')}x "
-                f"(median {statistics.median(rps):.2f}x), CPU per request {_span(cpu, '.2f')}x "
-                f"(median {statistics.median(cpu):.2f}x) ({rounds} rounds)"
-            )
+            parts = []
+            for label, divide in ratios:
+                values = [divide(m, o) for m, o in pairs]
+                parts.append(f"{label} {_span(values, '.2f')}x (median {statistics.median(values):.2f}x)")
+            lines.append(f"{body}: {main.name} / {other.name}: {', '.join(parts)} ({rounds} rounds)")
     return "\n".join(lines)
 
 
@@ -352,10 +348,7 @@ def main() -> None:
             for name, body in bodies.items():
                 for server in servers if round_ % 2 == 0 else reversed(servers):
                     server.runs.setdefault(name, []).append(_measured(server, args, body, args.duration))
-        if args.paced_ms is None:
-            print(report(servers, bodies, args.rounds))
-        else:
-            print(paced_report(servers, bodies, args.rounds, args.paced_ms))
+        print(report(servers, bodies, args.rounds, args.paced_ms))
         if args.rss:
             print(rss_run(servers[0], args, bodies["pod-14k"]))
         results = [{"server": s.name, "runs": s.runs} for s in servers]
