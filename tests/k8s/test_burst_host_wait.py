@@ -42,10 +42,10 @@ def test_a_process_in_its_own_network_namespace_has_its_own_tcp_counts() -> None
         text=True,
     )
     try:
-        assert child.stdout is not None
+        assert child.stdout is not None and child.stderr is not None
         line = child.stdout.readline()
         if not line:
-            pytest.fail(f"the child in a new network namespace did not start: {child.stderr.read()}")  # type: ignore[union-attr]
+            pytest.fail(f"the child in a new network namespace did not start: {child.stderr.read()}")
         assert line.strip() == "ready"
         counters = tcp_counters(child.pid)
         assert counters is not None
