@@ -201,10 +201,13 @@ def host_view_by_replica(webhook: WebhookUnderTest) -> dict[str, HostView]:
     :func:`tcp_counters`, :func:`socket_retransmissions`; its first process's)."""
     views = {}
     for name, pids in webhook.replica_pids().items():
-        tcp = tcp_counters(pids[0]) if pids else None
-        sockets = socket_retransmissions(pids[0]) if tcp is not None else None
-        throttled = cpu_throttled(pids[0]) if pids else None
-        views[name] = HostView(sum(run_delay_s(pid) for pid in pids), tcp, sockets, throttled)
+        try:
+            tcp = tcp_counters(pids[0]) if pids else None
+            sockets = socket_retransmissions(pids[0]) if tcp is not None else None
+            throttled = cpu_throttled(pids[0]) if pids else None
+            views[name] = HostView(sum(run_delay_s(pid) for pid in pids), tcp, sockets, throttled)
+        except (OSError, subprocess.CalledProcessError):
+            continue  # gone between the listing and the reads (a killed replica): left out
     return views
 
 

@@ -17,6 +17,7 @@ from tests.k8s.burst_webhook import (
     TCP_COUNTERS,
     HostView,
     cpu_throttled,
+    host_view_by_replica,
     host_view_figures,
     run_delay_s,
     socket_retransmissions,
@@ -130,3 +131,21 @@ def test_a_replicas_cpu_throttling_is_read_from_its_cgroup_v1_or_v2(tmp_path: Pa
             (tmp_path / "v2" / where.lstrip("/")).mkdir(parents=True, exist_ok=True)
             (tmp_path / "v2" / where.lstrip("/") / "cpu.stat").write_text(v2)
             assert cpu_throttled(os.getpid(), tmp_path / "v2") == (3, 0.04)
+
+
+class _Replicas:
+    """A webhook under test whose replicas are given processes (see ``WebhookUnderTest``)."""
+
+    def __init__(self, pids: dict[str, list[int]]) -> None:
+        self.pids = pids
+
+    def replica_pids(self) -> dict[str, list[int]]:
+        return self.pids
+
+
+def test_a_replica_gone_before_its_reads_is_left_out_of_the_view() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    views = host_view_by_replica(_Replicas({"here": [os.getpid()], "gone": [gone.pid]}))
+    assert list(views) == ["here"]
+    assert views["here"].tcp is None and views["here"].cpu_wait_s >= 0.0
