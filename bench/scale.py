@@ -5,7 +5,7 @@
         [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst|new-namespaces[+...]]
         [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3]
         [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--settle 180]
-        [--webhook-routing service|endpoints] [--json]
+        [--webhook-routing service|endpoints] [--webhook-cpu-request QUANTITY] [--json]
 
 Needs root (the mini cluster's kubelets use mount namespaces) and the tier's binaries
 (``tests/k8s/build.sh``, kwok from ``tests/k8s/build-go-command.sh kwok``). ``--runtime
@@ -105,6 +105,12 @@ def main() -> int:
         "a replica per connection; endpoints (--enable-aggregator-routing) has the apiserver pick "
         "a replica per request (default: service with containerd, endpoints with fake-cri)",
     )
+    parser.add_argument(
+        "--webhook-cpu-request",
+        metavar="QUANTITY",
+        help="the webhook replicas' CPU request instead of the chart's 100m, for either webhook (e.g. 1): "
+        "their CPU weight against the control plane on the nodes (containerd)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unknown = [f for f in args.fault.split("+") if f not in FAULTS]
@@ -116,6 +122,10 @@ def main() -> int:
         parser.error(str(exc))
     if args.webhook_routing == "service" and args.runtime != "containerd":
         parser.error("--webhook-routing service: with --runtime containerd (fake-cri has no kube-proxy)")
+    if args.webhook_cpu_request is not None and args.runtime != "containerd":
+        parser.error(
+            "--webhook-cpu-request: with --runtime containerd (fake-cri's webhook is a host process)"
+        )
     if arms != ["ix-gpu"] and (args.runtime != "containerd" or "webhook-kill" in args.fault):
         parser.error("--webhook none or go: with --runtime containerd and without webhook-kill")
     with tempfile.TemporaryDirectory(prefix="ix-scale-") as work:
@@ -125,7 +135,7 @@ def main() -> int:
                 kwok_nodes=args.kwok_nodes, kwok_boards=args.kwok_boards, namespaces=args.namespaces,
                 pods=args.pods, rate=args.rate, fault=args.fault, runtime=args.runtime,
                 replicas=args.replicas, new_namespaces=args.new_namespaces, settle_max_s=args.settle,
-                webhook_routing=args.webhook_routing,
+                webhook_routing=args.webhook_routing, webhook_cpu_request=args.webhook_cpu_request,
             )  # fmt: skip
             print(json.dumps(compared) if args.json else table(compared))
             return 0
@@ -143,6 +153,7 @@ def main() -> int:
             new_namespaces=args.new_namespaces,
             settle_max_s=args.settle,
             webhook_routing=args.webhook_routing,
+            webhook_cpu_request=args.webhook_cpu_request,
         )
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0

@@ -335,6 +335,7 @@ def run(
     arm: str = "ix-gpu",
     settle_max_s: float = 0.0,
     webhook_routing: str | None = None,
+    webhook_cpu_request: str | None = None,
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
     Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
@@ -346,7 +347,8 @@ def run(
     ``settle_max_s``: wait up to this long for the machine to settle before the burst
     (``host_quiet.settle``; 0: start at once), and report how busy it was when the burst began.
     ``webhook_routing``: how the apiserver reaches the webhook (``MiniCluster``'s; None: the
-    runtime's default)."""
+    runtime's default). ``webhook_cpu_request``: the replicas' CPU request in place of the
+    chart's (containerd; either webhook)."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
@@ -361,6 +363,7 @@ def run(
         "arm": arm,
         "kwok_boards": kwok_boards,
         "webhook_routing": webhook_routing or ("service" if runtime == "containerd" else "endpoints"),
+        "webhook_cpu_request": webhook_cpu_request,
     }
     points = [f for f in faults if f not in STREAMS]
     with MiniCluster(
@@ -374,7 +377,7 @@ def run(
         webhook_routing=webhook_routing,
     ) as cluster:
         result["cluster_up_s"] = cluster.timings.get("total")
-        webhook_arm = start_arm(arm, cluster, work, runtime, replicas, namespace_facts)
+        webhook_arm = start_arm(arm, cluster, work, runtime, replicas, namespace_facts, webhook_cpu_request)
         webhook: WebhookUnderTest = webhook_arm.webhook
         result.update(webhook_arm.info)
         api = cluster.api

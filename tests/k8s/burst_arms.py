@@ -61,6 +61,7 @@ from tests.k8s.burst_webhook import (
     KilledReplicas,
     WebhookUnderTest,
     pod_metrics,
+    webhook_values,
 )
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.cluster import MiniCluster
@@ -97,10 +98,12 @@ class ChartRender:
     """The webhook's Deployment."""
 
 
-def render_chart(cluster: MiniCluster, work: Path, replicas: int) -> ChartRender:
+def render_chart(
+    cluster: MiniCluster, work: Path, replicas: int, cpu_request: str | None = None
+) -> ChartRender:
     assert cluster.real_nodes is not None and cluster.real_nodes.images is not None
     values = real_node_chart_values(cluster.real_nodes.images)
-    values["webhook"] = {"replicas": replicas}
+    values["webhook"] = webhook_values(replicas, cpu_request)
     release = Release(cluster, build_helm(), work, values)
     out = release.helm("template", RELEASE, str(CHART), "-f", str(release.values_file()), timeout=120)
     if out.returncode != 0:
@@ -345,19 +348,26 @@ class Arm:
 
 
 def start_arm(
-    name: str, cluster: MiniCluster, work: Path, runtime: str, replicas: int, facts: FactsOf
+    name: str,
+    cluster: MiniCluster,
+    work: Path,
+    runtime: str,
+    replicas: int,
+    facts: FactsOf,
+    cpu_request: str | None = None,
 ) -> Arm:
-    """The arm ``name`` on ``cluster``, its webhook serving (or, for none, its pods' mutation ready)."""
+    """The arm ``name`` on ``cluster``, its webhook serving (or, for none, its pods' mutation
+    ready). ``cpu_request``: the replicas' CPU request in place of the chart's, both webhooks."""
     if name == "ix-gpu":
         if runtime != "containerd":
             return Arm(name, HostWebhook(cluster))
-        chart = ChartWebhook(cluster, work, replicas)
+        chart = ChartWebhook(cluster, work, replicas, cpu_request)
         return Arm(name, chart, info={"replicas": replicas, "helm_install_s": chart.install_s})
     if name not in ARMS:
         raise ValueError(f"webhook {name!r}: one of {', '.join(ARMS)}")
     if runtime != "containerd":
         raise ValueError(f"the {name} arm needs runtime containerd")
-    render = render_chart(cluster, work, replicas)
+    render = render_chart(cluster, work, replicas, cpu_request)
     if name == "none":
         return Arm(name, NoWebhook(), PreApplied(render.config, facts))
     go = GoWebhook(cluster, render, replicas)

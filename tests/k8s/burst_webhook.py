@@ -339,13 +339,25 @@ class HostWebhook:
         return {"killed": "ix-gpu-webhook", "serving_again_s": round(time.monotonic() - at, 2)}
 
 
+def webhook_values(replicas: int, cpu_request: str | None = None) -> dict[str, Any]:
+    """The chart's ``webhook`` values for a burst: ``replicas``, and with ``cpu_request`` that CPU
+    request instead of the chart's (its CPU weight on a contended node; the limit stays)."""
+    values: dict[str, Any] = {"replicas": replicas}
+    if cpu_request is not None:
+        values["resources"] = {"requests": {"cpu": cpu_request}}
+    return values
+
+
 class ChartWebhook:
-    def __init__(self, cluster: MiniCluster, work: Path, replicas: int) -> None:
+    def __init__(
+        self, cluster: MiniCluster, work: Path, replicas: int, cpu_request: str | None = None
+    ) -> None:
         """``helm install --wait`` of charts/ix-gpu with the real-node values and ``replicas``
-        webhook replicas; RuntimeError with helm's words when it fails."""
+        webhook replicas (``cpu_request``: see :func:`webhook_values`); RuntimeError with helm's
+        words when it fails."""
         assert cluster.real_nodes is not None and cluster.real_nodes.images is not None
         values = real_node_chart_values(cluster.real_nodes.images)
-        values["webhook"] = {"replicas": replicas}
+        values["webhook"] = webhook_values(replicas, cpu_request)
         self.release = Release(cluster, build_helm(), work, values)
         self.replicas = replicas
         self.killed = KilledReplicas()

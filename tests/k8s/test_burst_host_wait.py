@@ -22,6 +22,7 @@ from tests.k8s.burst_webhook import (
     run_delay_s,
     socket_retransmissions,
     tcp_counters,
+    webhook_values,
 )
 
 _ACCEPTS_THREE = """
@@ -149,3 +150,8 @@ def test_a_replica_gone_before_its_reads_is_left_out_of_the_view() -> None:
     views = host_view_by_replica(_Replicas({"here": [os.getpid()], "gone": [gone.pid]}))
     assert list(views) == ["here"]
     assert views["here"].tcp is None and views["here"].cpu_wait_s >= 0.0
+
+
+def test_the_webhooks_values_give_the_replicas_and_a_cpu_request_only_when_asked() -> None:
+    assert webhook_values(3) == {"replicas": 3}
+    assert webhook_values(3, "1") == {"replicas": 3, "resources": {"requests": {"cpu": "1"}}}
