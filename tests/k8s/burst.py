@@ -53,13 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from ix_gpu.devicemodel import labels
-from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.kube.kubeconfig import read_kubeconfig
-from ix_gpu.kube.list_watch import WatchStream
 from ix_gpu.webhook.core.decision import NamespaceFacts
 from tests.k8s import host_quiet, kwok
 from tests.k8s.burst_arms import scheduler_figures, scheduler_metrics, start_arm
-from tests.k8s.burst_fresh import PREFIX as FRESH
+from tests.k8s.burst_audit import OPT_OUT_EVERY, audit, fresh_figures
 from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
 from tests.k8s.burst_webhook import (
     WebhookUnderTest,
@@ -75,89 +73,15 @@ from tests.k8s.cluster import MiniCluster
 from tests.k8s.dra_pools import create_device_classes
 from tests.k8s.histograms import ms
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
+from tests.k8s.pod_watch import PodWatch, quantile
 
 FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst", "new-namespaces")
 STREAMS = ("new-namespaces",)
 """Faults that run through the whole burst rather than at a point of it."""
 LEVELS = ("privileged", "baseline", "restricted")
-OPT_OUT_EVERY = 20
 AFFINITY_EVERY = 4
 BURST_NAMESPACES = 500
 NEW_NAMESPACES = 100
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-class PodWatch:
-    """Every pod's first bound and first Running moment, from a watch of all pods (as the SLO's
-    watch-based measurement does)."""
-
-    def __init__(self, api: ApiServer) -> None:
-        self.api = api
-        self.bound: dict[str, float] = {}
-        self.running: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._stream: WatchStream | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> PodWatch:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        version = ""
-        while not self._stop.is_set():
-            try:
-                if not version:
-                    version = self._relist()
-                path = f"/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion={version}"
-                self._stream = WatchStream(self.api, path, "application/json", 10, 600)
-                for line in self._stream.lines():
-                    event = json.loads(line)
-                    obj = event.get("object") or {}
-                    meta = obj.get("metadata") or {}
-                    if event.get("type") == "ERROR":
-                        version = ""
-                        break
-                    version = meta.get("resourceVersion") or version
-                    self._seen(obj, time.monotonic())
-            except Exception:
-                if not self._stop.is_set():
-                    time.sleep(0.5)  # an apiserver restart: watch again from where it was
-
-    def _seen(self, obj: dict[str, Any], now: float) -> None:
-        meta = obj.get("metadata") or {}
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
-        if (obj.get("spec") or {}).get("nodeName"):
-            self.bound.setdefault(key, now)
-        if (obj.get("status") or {}).get("phase") == "Running":
-            self.running.setdefault(key, now)
-
-    def _relist(self) -> str:
-        """Every pod as it is now (the first time, and after a watch too old to resume, 410, as
-        after an apiserver restart): what changed in the gap is seen at the list, late rather than
-        never, as an informer's re-list does. Returns the list's resourceVersion."""
-        token, version = "", ""
-        while True:
-            query = "?limit=500" + (f"&continue={token}" if token else "")
-            listed = self.api.request("GET", f"/api/v1/pods{query}")
-            version = version or listed["metadata"]["resourceVersion"]
-            now = time.monotonic()
-            for pod in listed.get("items") or []:
-                self._seen(pod, now)
-            token = listed["metadata"].get("continue") or ""
-            if not token:
-                return version
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._stream is not None:
-            self._stream.close()
 
 
 def namespace_metadata(name: str) -> dict[str, Any]:
@@ -513,93 +437,3 @@ def run(
         result.update(webhook_arm.checks(api, set(burst.created), opted_out))
         result["metrics_scraped"] = metrics_status == 200
     return result
-
-
-REFUSALS = (
-    ("namespace lookup denied", "policy.namespacelookupfailure"),
-    ("claim lookup denied", "policy.claimlookupfailure"),
-    ("webhook not reached", "failed calling webhook"),
-    ("no ServiceAccount yet", "error looking up service account"),
-)
-"""How a first create's error is counted: the first of these whose text it contains (in lower
-case); an error without an HTTP status is "no apiserver"; else "other"."""
-
-
-def refusal_kind(error: str) -> str:
-    if error.startswith("0 "):
-        return "no apiserver"
-    lowered = error.lower()
-    return next((kind for kind, text in REFUSALS if text in lowered), "other")
-
-
-def fresh_figures(fresh: FreshNamespaces, burst: Burst) -> dict[str, Any]:
-    """What became of the namespaces created during the burst and of their pods."""
-    keys = [k for k in burst.created if k.startswith(f"{FRESH}-")]
-    refused = {k: e for k, e in burst.refused_first.items() if k.startswith(f"{FRESH}-")}
-    kinds: dict[str, int] = {}
-    for error in refused.values():
-        kinds[refusal_kind(error)] = kinds.get(refusal_kind(error), 0) + 1
-    return {
-        "new_namespaces_created": len(fresh.created_at),
-        "new_namespaces_failed": len(fresh.failed),
-        "new_namespace_failure_examples": fresh.failed[:3],
-        "new_namespace_pods_created": len(keys),
-        "new_namespace_claim_pods_created": len(fresh.claim_pods & set(keys)),
-        "new_namespace_pods_refused_first_try": len(refused),
-        "new_namespace_refusals_by_kind": kinds,
-        "new_namespace_refusal_examples": sorted(set(refused.values()))[:4],
-    }
-
-
-def audit(api: KubeAPI, created: set[str], claim_pods: set[str]) -> dict[str, Any]:
-    """Every created pod read back: GPU pods stored without the webhook's mark in namespaces that
-    did not opt out (must be 0), and pods with it in namespaces that did (must be 0), both also
-    for the namespaces created during the burst alone and for the pods that ask through a claim;
-    and how many are bound and in which phase, as stored (beside what the watch saw)."""
-    unmutated, opted_out_mutated, opted_out = [], [], 0
-    bound, phases = 0, dict[str, int]()
-    token = ""
-    while True:
-        status, listed = api.request(
-            "GET", "/api/v1/pods?limit=500" + (f"&continue={token}" if token else "")
-        )
-        if status != 200:
-            raise RuntimeError(f"listing pods: {status}")
-        for pod in listed["items"]:
-            meta = pod["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}"
-            if key not in created:
-                continue
-            bound += bool(pod["spec"].get("nodeName"))
-            phase = pod.get("status", {}).get("phase", "")
-            phases[phase] = phases.get(phase, 0) + 1
-            injected = labels.INJECTED in (meta.get("annotations") or {})
-            index = int(meta["namespace"].rsplit("-", 1)[1])
-            if index % OPT_OUT_EVERY == 0:
-                opted_out += 1
-                if injected:
-                    opted_out_mutated.append(key)
-            elif not injected:
-                unmutated.append(key)
-        token = listed["metadata"].get("continue") or ""
-        if not token:
-            break
-    fresh = [k for k in unmutated if k.startswith(f"{FRESH}-")]
-    return {
-        "gpu_pods_unmutated": len(unmutated),
-        "gpu_pods_unmutated_old_namespaces": len(unmutated) - len(fresh),
-        "gpu_pods_unmutated_new_namespaces": len(fresh),
-        "claim_pods_unmutated": len(set(unmutated) & claim_pods),
-        "opted_out_pods_new_namespaces": len(
-            [
-                k
-                for k in created
-                if k.startswith(f"{FRESH}-") and int(k.split("/")[0].rsplit("-", 1)[1]) % OPT_OUT_EVERY == 0
-            ]
-        ),
-        "unmutated_examples": unmutated[:3],
-        "opted_out_pods": opted_out,
-        "opted_out_pods_mutated": len(opted_out_mutated),
-        "stored_bound": bound,
-        "stored_phases": phases,
-    }

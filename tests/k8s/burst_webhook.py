@@ -71,9 +71,10 @@ TCP_COUNTERS = {
     "listen_drops": ("netstat", "TcpExt:", "ListenDrops"),
 }
 """What :func:`tcp_counters` reads: connections accepted, segments sent and sent again, and of
-those sent again the tail-loss probes (an answer's last segment unacknowledged after a few
-round trips), the retransmission timeouts (200 ms at least) and the handshakes' SYN-ACKs; and
-connections the listen queue dropped (a client then waits a second for its SYN again)."""
+those sent again the tail-loss probes (an answer's last segment unacknowledged within the
+kernel's probe timeout, set from the connection's round trip), the retransmission timeouts
+(200 ms at least) and the handshakes' SYN-ACKs; and connections the listen queue dropped (a
+client then waits a second for its SYN again)."""
 
 
 def tcp_counters(pid: int) -> dict[str, int] | None:
