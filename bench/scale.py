@@ -40,10 +40,13 @@ Beside each webhook's own figures, the host's view of its replicas over the burs
 from ``/proc/<pid>/task/*/schedstat``: what a saturated host adds that a replica's own latency,
 started once a request is read, does not see) and ``webhook_tcp_by_replica`` (connections
 accepted, segments retransmitted and connections the listen queue dropped, from each pod's own
-network namespace, with the loss probes, retransmission timeouts and SYN-ACKs among them, and the
-segments sent again on the sockets still open at the end, split into accepted and dialed; probes
-and the bench's reads of ``/metrics`` are connections too) and
-``webhook_cpu_throttled_by_replica`` (periods its CPU cgroup was throttled in, and for how long).
+network namespace, with the loss probes, retransmission timeouts and SYN-ACKs among them, the
+probes that repaired a loss and the peer's reports of segments it already had (a spurious
+retransmission: the ACK was late, not the data), and the segments sent again on the sockets still
+open at the end, split into accepted and dialed; probes and the bench's reads of ``/metrics`` are
+connections too) and ``webhook_cpu_throttled_by_replica`` (periods its CPU cgroup was throttled in,
+and for how long). ``control_plane_by_process``: the CPU etcd, the apiserver, the scheduler and the
+controller-manager used over the burst and the time they waited for a CPU, per review.
 """
 
 from __future__ import annotations

@@ -62,10 +62,12 @@ from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
 from tests.k8s.burst_webhook import (
     WebhookUnderTest,
     admission_figures,
+    control_plane_figures,
     cpu_by_replica,
     cpu_of,
     host_view_by_replica,
     host_view_figures,
+    process_clocks,
     rss_by_replica,
     webhook_figures,
 )
@@ -356,6 +358,7 @@ def run(
             result["busy_at_start"] = settled.busy_at_start
         cpu_before, shares_before = cpu_of(webhook), cpu_by_replica(webhook)
         host_before = host_view_by_replica(webhook)
+        plane_before = process_clocks(cluster.processes())
         # The histograms are read before and after: the burst's figures are their difference.
         apiserver_before = str(api.request("GET", "/metrics")[1])
         scheduler_before = scheduler_metrics(cluster)
@@ -395,6 +398,7 @@ def run(
             (round(cpu - shares_before.get(name, 0.0), 2) for name, cpu in shares.items()), reverse=True
         )
         result.update(host_view_figures(host_before, host_view_by_replica(webhook), reviews))
+        result.update(control_plane_figures(plane_before, process_clocks(cluster.processes()), reviews))
 
         startup = [watch.running[k] - burst.created[k] for k in burst.created if k in watch.running]
         scheduling = {

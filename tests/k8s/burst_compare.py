@@ -56,6 +56,7 @@ CHECKS = (
     "webhook_cpu_wait_s_by_replica",
     "webhook_tcp_by_replica",
     "webhook_cpu_throttled_by_replica",
+    "control_plane_by_process",
 )
 
 

@@ -66,6 +66,8 @@ TCP_COUNTERS = {
     "sent": ("snmp", "Tcp:", "OutSegs"),
     "retransmitted": ("snmp", "Tcp:", "RetransSegs"),
     "loss_probes": ("netstat", "TcpExt:", "TCPLossProbes"),
+    "probe_recoveries": ("netstat", "TcpExt:", "TCPLossProbeRecovery"),
+    "dsacks_received": ("netstat", "TcpExt:", "TCPDSACKRecv"),
     "timeouts": ("netstat", "TcpExt:", "TCPTimeouts"),
     "syn_retransmitted": ("netstat", "TcpExt:", "TCPSynRetrans"),
     "listen_drops": ("netstat", "TcpExt:", "ListenDrops"),
@@ -74,7 +76,15 @@ TCP_COUNTERS = {
 those sent again the tail-loss probes (an answer's last segment unacknowledged within the
 kernel's probe timeout, set from the connection's round trip), the retransmission timeouts
 (200 ms at least) and the handshakes' SYN-ACKs; and connections the listen queue dropped (a
-client then waits a second for its SYN again)."""
+client then waits a second for its SYN again).
+
+A probe tells a lost segment from a late acknowledgement only with the two counters beside it:
+``probe_recoveries`` are probes that repaired a real loss, ``dsacks_received`` the peer's reports
+of a segment it already had (the probe, or any retransmission, was spurious: the data had
+arrived, its ACK had not). Linux arms the probe at twice the round trip plus 2 jiffies when an
+answer left as two segments or more, but adds 200 ms when it left as one, so a one-segment answer
+practically never shows a probe however late its ACK is: counts of probes compare only webhooks
+whose answers leave in the same number of segments."""
 
 
 def tcp_counters(pid: int) -> dict[str, int] | None:
@@ -248,6 +258,42 @@ def host_view_figures(
     if throttled:
         figures["webhook_cpu_throttled_by_replica"] = sorted(throttled, reverse=True)
     return figures
+
+
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
+
+
+def process_clocks(processes: dict[str, Process]) -> dict[str, tuple[int, float, float]]:
+    """Pid, CPU seconds used and seconds waited for a CPU of each control-plane process in
+    ``processes``: the webhook's answer is late by the apiserver's wait as much as by its own."""
+    clocks = {}
+    for name in CONTROL_PLANE:
+        process = processes.get(name)
+        if process is None:
+            continue
+        try:
+            clocks[name] = (process.pid, cpu_seconds(process.pid), run_delay_s(process.pid))
+        except OSError:
+            continue  # exited (a restart fault): no figure for it
+    return clocks
+
+
+def control_plane_figures(
+    before: dict[str, tuple[int, float, float]], after: dict[str, tuple[int, float, float]], reviews: int
+) -> dict[str, Any]:
+    """What the burst added to each control-plane process's CPU and CPU wait, per review, for the
+    processes that were the same process at both reads (a restarted apiserver is left out)."""
+    figures = {}
+    for name in sorted(before.keys() & after.keys()):
+        (pid, cpu, wait), (pid_after, cpu_after, wait_after) = before[name], after[name]
+        if pid != pid_after:
+            continue
+        per_review = 1000 / max(reviews, 1)
+        figures[name] = {
+            "cpu_ms_per_review": round((cpu_after - cpu) * per_review, 2),
+            "cpu_wait_ms_per_review": round((wait_after - wait) * per_review, 2),
+        }
+    return {"control_plane_by_process": figures} if figures else {}
 
 
 def admission_figures(before: str, after: str) -> dict[str, Any]:

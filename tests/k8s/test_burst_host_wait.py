@@ -16,14 +16,17 @@ import pytest
 from tests.k8s.burst_webhook import (
     TCP_COUNTERS,
     HostView,
+    control_plane_figures,
     cpu_throttled,
     host_view_by_replica,
     host_view_figures,
+    process_clocks,
     run_delay_s,
     socket_retransmissions,
     tcp_counters,
     webhook_values,
 )
+from tests.support.processes import Process
 
 _ACCEPTS_THREE = """
 import socket, sys, time
@@ -53,6 +56,7 @@ def test_a_process_in_its_own_network_namespace_has_its_own_tcp_counts() -> None
         assert counters is not None
         assert counters["accepted"] == 3
         assert counters["listen_drops"] == counters["timeouts"] == 0
+        assert counters["probe_recoveries"] == counters["dsacks_received"] == 0
         assert counters["sent"] >= 3  # the handshakes' SYN-ACKs at least
         sockets = socket_retransmissions(child.pid)
         assert sorted(side for side, _ in sockets.values()) == ["dialed"] * 3 + ["served"] * 3
@@ -155,3 +159,30 @@ def test_a_replica_gone_before_its_reads_is_left_out_of_the_view() -> None:
 def test_the_webhooks_values_give_the_replicas_and_a_cpu_request_only_when_asked() -> None:
     assert webhook_values(3) == {"replicas": 3}
     assert webhook_values(3, "1") == {"replicas": 3, "resources": {"requests": {"cpu": "1"}}}
+
+
+def test_the_control_planes_clocks_are_its_live_processes_and_a_restarted_one_is_left_out() -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    here = Process("here", sleeper, Path(os.devnull))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        processes = {
+            "kube-apiserver": here,
+            "etcd": Process("gone", gone, Path(os.devnull)),
+            "fake-cri-gpu-a": here,  # a node's process, not the control plane's
+        }
+        clocks = process_clocks(processes)
+        assert list(clocks) == ["kube-apiserver"]
+        assert clocks["kube-apiserver"][0] == here.pid
+    finally:
+        here.popen.kill()
+        here.popen.wait()
+    before = {"kube-apiserver": (10, 1.0, 0.5), "etcd": (11, 2.0, 1.0), "kube-scheduler": (12, 0.0, 0.0)}
+    after = {"kube-apiserver": (10, 3.0, 1.5), "etcd": (99, 9.0, 9.0)}  # etcd restarted: not comparable
+    assert control_plane_figures(before, after, 1000) == {
+        "control_plane_by_process": {
+            "kube-apiserver": {"cpu_ms_per_review": 2.0, "cpu_wait_ms_per_review": 1.0},
+        }
+    }
+    assert control_plane_figures(before, {"etcd": (99, 0.0, 0.0)}, 1000) == {}
