@@ -114,6 +114,15 @@ def main() -> int:
         help="the webhook replicas' CPU request instead of the chart's 100m, for either webhook (e.g. 1): "
         "their CPU weight against the control plane on the nodes (containerd)",
     )
+    parser.add_argument(
+        "--node-cpu-shares",
+        type=int,
+        metavar="N",
+        help="the CPU weight (cgroup v1 cpu.shares; v2 its cpu.weight) of each real node's cgroup root, "
+        "where all its pods run, against the control plane's host processes, every one of whose "
+        "threads weighs 1024: default the cgroup's own 1024, as if a whole node were one thread "
+        "(containerd)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     unknown = [f for f in args.fault.split("+") if f not in FAULTS]
@@ -129,6 +138,8 @@ def main() -> int:
         parser.error(
             "--webhook-cpu-request: with --runtime containerd (fake-cri's webhook is a host process)"
         )
+    if args.node_cpu_shares is not None and (args.runtime != "containerd" or args.node_cpu_shares < 2):
+        parser.error("--node-cpu-shares: 2 or more, with --runtime containerd (the real nodes' cgroups)")
     if arms != ["ix-gpu"] and (args.runtime != "containerd" or "webhook-kill" in args.fault):
         parser.error("--webhook none or go: with --runtime containerd and without webhook-kill")
     with tempfile.TemporaryDirectory(prefix="ix-scale-") as work:
@@ -139,6 +150,7 @@ def main() -> int:
                 pods=args.pods, rate=args.rate, fault=args.fault, runtime=args.runtime,
                 replicas=args.replicas, new_namespaces=args.new_namespaces, settle_max_s=args.settle,
                 webhook_routing=args.webhook_routing, webhook_cpu_request=args.webhook_cpu_request,
+                node_cpu_shares=args.node_cpu_shares,
             )  # fmt: skip
             print(json.dumps(compared) if args.json else table(compared))
             return 0
@@ -157,6 +169,7 @@ def main() -> int:
             settle_max_s=args.settle,
             webhook_routing=args.webhook_routing,
             webhook_cpu_request=args.webhook_cpu_request,
+            node_cpu_shares=args.node_cpu_shares,
         )
     print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
     return 0

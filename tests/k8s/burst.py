@@ -75,6 +75,7 @@ from tests.k8s.cluster import MiniCluster
 from tests.k8s.dra_pools import create_device_classes
 from tests.k8s.histograms import ms
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
+from tests.k8s.node_cpu import set_cpu_shares
 from tests.k8s.pod_watch import PodWatch, quantile
 
 FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst", "new-namespaces")
@@ -262,6 +263,7 @@ def run(
     settle_max_s: float = 0.0,
     webhook_routing: str | None = None,
     webhook_cpu_request: str | None = None,
+    node_cpu_shares: int | None = None,
 ) -> dict[str, Any]:
     """One run; the figures as a dict (see the module doc). ``binaries``: the tier's current
     Kubernetes (default: ``build.sh``'s cache); ``log_dir``: the components' logs. ``runtime``:
@@ -274,7 +276,8 @@ def run(
     (``host_quiet.settle``; 0: start at once), and report how busy it was when the burst began.
     ``webhook_routing``: how the apiserver reaches the webhook (``MiniCluster``'s; None: the
     runtime's default). ``webhook_cpu_request``: the replicas' CPU request in place of the
-    chart's (containerd; either webhook)."""
+    chart's (containerd; either webhook). ``node_cpu_shares``: the CPU weight of every real node's
+    cgroup root (containerd; ``node_cpu.py``)."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
@@ -291,6 +294,8 @@ def run(
         "webhook_routing": webhook_routing or ("service" if runtime == "containerd" else "endpoints"),
         "webhook_cpu_request": webhook_cpu_request,
     }
+    if node_cpu_shares is not None and runtime != "containerd":
+        raise ValueError("node_cpu_shares: the real nodes' cgroups exist with runtime containerd only")
     points = [f for f in faults if f not in STREAMS]
     with MiniCluster(
         work,
@@ -303,6 +308,9 @@ def run(
         webhook_routing=webhook_routing,
     ) as cluster:
         result["cluster_up_s"] = cluster.timings.get("total")
+        if node_cpu_shares is not None and cluster.real_nodes is not None:
+            roots = [spec.netns for spec in cluster.real_nodes.specs]
+            result["node_cpu_shares"] = set_cpu_shares(roots, node_cpu_shares)
         webhook_arm = start_arm(arm, cluster, work, runtime, replicas, namespace_facts, webhook_cpu_request)
         webhook: WebhookUnderTest = webhook_arm.webhook
         result.update(webhook_arm.info)

@@ -57,6 +57,7 @@ CHECKS = (
     "webhook_tcp_by_replica",
     "webhook_cpu_throttled_by_replica",
     "control_plane_by_process",
+    "node_cpu_shares",
 )
 
 
