@@ -2,7 +2,9 @@
 // mutating admission webhook written the way a careful Go author would write one with the
 // standard library alone. It decodes the review into typed structs holding only the fields the
 // decision reads, and injects what ix-gpu's built-in "iluvatar" profile injects (the driver
-// volume, its mount, LD_LIBRARY_PATH prepended, the GPU toleration, the injected annotation).
+// volume, its mount, LD_LIBRARY_PATH prepended, the GPU toleration, the injected annotation), and
+// what ix-gpu adds for the ix-gpu.io/gpu-type annotation: a required node affinity on the models
+// it names, so that a burst's scheduler has the same pods to place behind either webhook.
 //
 // It is a yardstick, not a product: no config, no namespace facts, no bounds beyond the body
 // size, no record of injected items. Whatever ix-gpu does beyond this is what it costs. Its one
@@ -30,6 +32,8 @@ const (
 	envName    = "LD_LIBRARY_PATH"
 	envValue   = "/usr/local/corex/lib64"
 	injectedAt = "ix-gpu.io/injected"
+	gpuType    = "ix-gpu.io/gpu-type"
+	productKey = "ix-gpu.io/gpu.product"
 	maxBody    = 3 << 20
 	// reviewsMetric is the counter /metrics serves.
 	reviewsMetric = "ix_gpu_go_reference_reviews_total"
@@ -57,7 +61,26 @@ type pod struct {
 		Containers     []container  `json:"containers"`
 		InitContainers []container  `json:"initContainers"`
 		Tolerations    []toleration `json:"tolerations"`
+		Affinity       *affinity    `json:"affinity"`
 	} `json:"spec"`
+}
+
+// affinity holds the levels down to the required node selector terms; a nil pointer is a level
+// the pod does not have, where the whole rest is added in one op.
+type affinity struct {
+	NodeAffinity *struct {
+		Required *struct {
+			Terms []struct {
+				MatchExpressions []expression `json:"matchExpressions"`
+			} `json:"nodeSelectorTerms"`
+		} `json:"requiredDuringSchedulingIgnoredDuringExecution"`
+	} `json:"nodeAffinity"`
+}
+
+type expression struct {
+	Key      string   `json:"key"`
+	Operator string   `json:"operator"`
+	Values   []string `json:"values"`
 }
 
 type named struct {
@@ -179,6 +202,57 @@ func mutateContainers(ops []op, list string, containers []container) ([]op, bool
 	return ops, any
 }
 
+// models reads the gpu-type annotation as ix-gpu does: a comma-separated list, each model without
+// a leading vendor name, blanks and repeats dropped.
+func models(annotation string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, part := range strings.Split(annotation, ",") {
+		model := strings.TrimSpace(part)
+		if len(model) > 9 && strings.EqualFold(model[:8], "iluvatar") && strings.ContainsRune(" -_", rune(model[8])) {
+			model = strings.TrimSpace(model[9:])
+		}
+		if model != "" && !seen[model] {
+			seen[model] = true
+			out = append(out, model)
+		}
+	}
+	return out
+}
+
+// requireModels ANDs "product In models" into every required node selector term, or adds the
+// first missing level whole, holding one term.
+func requireModels(ops []op, a *affinity, values []string) []op {
+	wanted := expression{productKey, "In", values}
+	terms := []any{map[string]any{"matchExpressions": []expression{wanted}}}
+	switch {
+	case a == nil:
+		return append(ops, op{"add", "/spec/affinity", map[string]any{"nodeAffinity": map[string]any{
+			"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": terms}}}})
+	case a.NodeAffinity == nil:
+		return append(ops, op{"add", "/spec/affinity/nodeAffinity", map[string]any{
+			"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": terms}}})
+	case a.NodeAffinity.Required == nil:
+		return append(ops, op{"add", "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution",
+			map[string]any{"nodeSelectorTerms": terms}})
+	case len(a.NodeAffinity.Required.Terms) == 0:
+		return append(ops, op{"add", "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms", terms})
+	}
+	for i, term := range a.NodeAffinity.Required.Terms {
+		present := false
+		for _, e := range term.MatchExpressions {
+			present = present || (e.Key == wanted.Key && e.Operator == wanted.Operator &&
+				strings.Join(e.Values, ",") == strings.Join(values, ","))
+		}
+		if !present {
+			path := "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/" +
+				strconv.Itoa(i) + "/matchExpressions"
+			ops = addToList(ops, path, term.MatchExpressions != nil, wanted)
+		}
+	}
+	return ops
+}
+
 func mutate(p *pod, digest string) []op {
 	var ops []op
 	var gpu, gpuInit bool
@@ -206,6 +280,9 @@ func mutate(p *pod, digest string) []op {
 	}
 	if !tolerated {
 		ops = addToList(ops, "/spec/tolerations", p.Spec.Tolerations != nil, theToleration)
+	}
+	if values := models(p.Metadata.Annotations[gpuType]); len(values) > 0 {
+		ops = requireModels(ops, p.Spec.Affinity, values)
 	}
 	value := "iluvatar@" + digest
 	if p.Metadata.Annotations[injectedAt] != value {
