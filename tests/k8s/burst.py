@@ -62,20 +62,18 @@ from tests.k8s.burst_fresh import RETRY_FOR_S, FreshNamespaces
 from tests.k8s.burst_webhook import (
     WebhookUnderTest,
     admission_figures,
-    control_plane_figures,
     cpu_by_replica,
     cpu_of,
     host_view_by_replica,
     host_view_figures,
-    process_clocks,
     rss_by_replica,
     webhook_figures,
 )
 from tests.k8s.cluster import MiniCluster
 from tests.k8s.dra_pools import create_device_classes
 from tests.k8s.histograms import ms
+from tests.k8s.host_cpu import control_plane_figures, process_clocks, set_cpu_shares
 from tests.k8s.k8s_tier import K8sBinaries, KubeAPI
-from tests.k8s.node_cpu import set_cpu_shares
 from tests.k8s.pod_watch import PodWatch, quantile
 
 FAULTS = ("none", "apiserver-restart", "webhook-kill", "compact", "namespace-burst", "new-namespaces")
@@ -277,7 +275,7 @@ def run(
     ``webhook_routing``: how the apiserver reaches the webhook (``MiniCluster``'s; None: the
     runtime's default). ``webhook_cpu_request``: the replicas' CPU request in place of the
     chart's (containerd; either webhook). ``node_cpu_shares``: the CPU weight of every real node's
-    cgroup root (containerd; ``node_cpu.py``)."""
+    cgroup root (containerd; ``host_cpu.py``)."""
     faults = [f for f in fault.split("+") if f != "none"]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:

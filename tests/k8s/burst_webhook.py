@@ -260,42 +260,6 @@ def host_view_figures(
     return figures
 
 
-CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
-
-
-def process_clocks(processes: dict[str, Process]) -> dict[str, tuple[int, float, float]]:
-    """Pid, CPU seconds used and seconds waited for a CPU of each control-plane process in
-    ``processes``: the webhook's answer is late by the apiserver's wait as much as by its own."""
-    clocks = {}
-    for name in CONTROL_PLANE:
-        process = processes.get(name)
-        if process is None:
-            continue
-        try:
-            clocks[name] = (process.pid, cpu_seconds(process.pid), run_delay_s(process.pid))
-        except OSError:
-            continue  # exited (a restart fault): no figure for it
-    return clocks
-
-
-def control_plane_figures(
-    before: dict[str, tuple[int, float, float]], after: dict[str, tuple[int, float, float]], reviews: int
-) -> dict[str, Any]:
-    """What the burst added to each control-plane process's CPU and CPU wait, per review, for the
-    processes that were the same process at both reads (a restarted apiserver is left out)."""
-    figures = {}
-    for name in sorted(before.keys() & after.keys()):
-        (pid, cpu, wait), (pid_after, cpu_after, wait_after) = before[name], after[name]
-        if pid != pid_after:
-            continue
-        per_review = 1000 / max(reviews, 1)
-        figures[name] = {
-            "cpu_ms_per_review": round((cpu_after - cpu) * per_review, 2),
-            "cpu_wait_ms_per_review": round((wait_after - wait) * per_review, 2),
-        }
-    return {"control_plane_by_process": figures} if figures else {}
-
-
 def admission_figures(before: str, after: str) -> dict[str, Any]:
     """The apiserver's admission histogram over the burst: what ``after`` (the reads before each
     restart and the last one) counted less what ``before`` (read before the burst) had."""

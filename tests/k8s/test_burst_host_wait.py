@@ -16,16 +16,15 @@ import pytest
 from tests.k8s.burst_webhook import (
     TCP_COUNTERS,
     HostView,
-    control_plane_figures,
     cpu_throttled,
     host_view_by_replica,
     host_view_figures,
-    process_clocks,
     run_delay_s,
     socket_retransmissions,
     tcp_counters,
     webhook_values,
 )
+from tests.k8s.host_cpu import control_plane_figures, process_clocks
 from tests.support.processes import Process
 
 _ACCEPTS_THREE = """

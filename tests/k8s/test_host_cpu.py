@@ -1,4 +1,4 @@
-"""The scale bench's knob for the real nodes' CPU weight (``node_cpu.py``), on a real cgroup."""
+"""The scale bench's knob for the real nodes' CPU weight (``host_cpu.py``), on a real cgroup."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from tests.k8s.node_cpu import set_cpu_shares, weight_of_shares
+from tests.k8s.host_cpu import set_cpu_shares, weight_of_shares
 from tests.k8s.real_nodes import cgroup_hierarchies, make_cgroup_root, remove_cgroup_root
 
 
