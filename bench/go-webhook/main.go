@@ -202,8 +202,9 @@ func mutateContainers(ops []op, list string, containers []container) ([]op, bool
 	return ops, any
 }
 
-// models reads the gpu-type annotation as ix-gpu does: a comma-separated list, each model without
-// a leading vendor name, blanks and repeats dropped.
+// models reads the gpu-type annotation as ix-gpu does for the spellings the benches use: a
+// comma-separated list, an "Iluvatar" prefix dropped, blanks and repeats dropped. (ix-gpu also
+// drops other vendors' names, turns a model into a valid label value and bounds the list.)
 func models(annotation string) []string {
 	var out []string
 	seen := map[string]bool{}
