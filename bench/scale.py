@@ -5,7 +5,8 @@
         [--fault none|apiserver-restart|webhook-kill|compact|namespace-burst|new-namespaces[+...]]
         [--new-namespaces 100] [--runtime fake-cri|containerd] [--replicas 3]
         [--webhook ix-gpu|none|go[,...]] [--rounds 1] [--settle 180]
-        [--webhook-routing service|endpoints] [--webhook-cpu-request QUANTITY] [--json]
+        [--webhook-routing service|endpoints] [--webhook-cpu-request QUANTITY]
+        [--node-cpu-shares 16384] [--json]
 
 Needs root (the mini cluster's kubelets use mount namespaces) and the tier's binaries
 (``tests/k8s/build.sh``, kwok from ``tests/k8s/build-go-command.sh kwok``). ``--runtime
@@ -19,15 +20,20 @@ to see what a webhook adds to the burst side by side (containerd only; ``tests/k
 ``none`` (no webhook; each pod created carrying what the ix-gpu webhook would have added, so the
 scheduler and kubelets see the same pods), ``go`` (``bench/go-webhook``, the Go standard-library
 reference, in real containers deployed as the chart deploys ix-gpu's, registered with the chart's
-own MutatingWebhookConfiguration; it honours no opt-out and injects no ``gpu-type`` node affinity)
-and ``ix-gpu``. ``--rounds N`` runs the arms N times, interleaved, the order turned by one each
-round (none, go, ix-gpu; go, ix-gpu, none; ...), each on a fresh cluster of the same size with the
-same burst, each burst begun once the CPUs settle (``--settle``), and prints a side-by-side table
+own MutatingWebhookConfiguration; it honours no opt-out, and adds the ``gpu-type`` annotation's
+node affinity as ix-gpu does) and ``ix-gpu``. ``--rounds N`` runs the arms N times, interleaved,
+the order turned by one each round (none, go, ix-gpu; go, ix-gpu, none; ...), each on a fresh
+cluster of the same size with the same burst, each burst begun once the CPUs settle
+(``--settle``), and prints a side-by-side table
 of the medians (``tests/k8s/burst_compare.py``), ratios ix-gpu/none and go/none of create p99 and
 startup p99, and each run's checks; ``--json`` prints the same with every run's figures. e.g.
 
     .venv/bin/python bench/scale.py --runtime containerd --kwok-nodes 50 --namespaces 500 \
         --pods 500 --rate 50 --webhook none,go,ix-gpu --rounds 1
+
+With ``--runtime containerd`` the real nodes run as cgroups of this host, beside the control plane's
+processes; ``--node-cpu-shares`` (default 16384, ``tests/k8s/host_cpu.py``) weighs each node's
+cgroup so that its pods get a CPU when they ask, as on a worker node of their own.
 
 ``--webhook-routing`` is how the apiserver reaches the webhook's replicas. ``service`` (the
 containerd default, as in most clusters): it dials the Service's ClusterIP and kube-proxy picks a
@@ -62,6 +68,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.k8s.burst import FAULTS, run  # noqa: E402
 from tests.k8s.burst_compare import parse_arms, run_arms, table  # noqa: E402
+from tests.k8s.host_cpu import NODE_CPU_SHARES  # noqa: E402
 
 
 def main() -> int:
@@ -120,8 +127,9 @@ def main() -> int:
         metavar="N",
         help="the CPU weight (cgroup v1 cpu.shares; v2 its cpu.weight) of each real node's cgroup root, "
         "where all its pods run, against the control plane's host processes, every one of whose "
-        "threads weighs 1024: default the cgroup's own 1024, as if a whole node were one thread "
-        "(containerd)",
+        f"threads weighs 1024 (containerd): default {NODE_CPU_SHARES}, so that a node's pods get a "
+        "CPU when they ask, as on a worker of their own; 1024 weighs a whole node as one thread, "
+        "as the earlier figures in docs/benchmarks.md were taken",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -140,6 +148,8 @@ def main() -> int:
         )
     if args.node_cpu_shares is not None and (args.runtime != "containerd" or args.node_cpu_shares < 2):
         parser.error("--node-cpu-shares: 2 or more, with --runtime containerd (the real nodes' cgroups)")
+    if args.runtime == "containerd" and args.node_cpu_shares is None:
+        args.node_cpu_shares = NODE_CPU_SHARES
     if arms != ["ix-gpu"] and (args.runtime != "containerd" or "webhook-kill" in args.fault):
         parser.error("--webhook none or go: with --runtime containerd and without webhook-kill")
     with tempfile.TemporaryDirectory(prefix="ix-scale-") as work:

@@ -6,7 +6,8 @@ its own (``/ixt-<node>``, ``real_nodes.make_cgroup_root``) at the default weight
 pods together weigh as much as one of the control plane's threads. On a saturated host a pod then
 waits for a CPU as it never would on a worker node of its own, where only the node's daemons
 compete with it. ``bench/scale.py --node-cpu-shares`` sets the weight of every node's root to show
-how much of what a webhook adds is that wait, for every arm alike.
+how much of what a webhook adds is that wait, for every arm alike; by default it sets
+``NODE_CPU_SHARES``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from typing import Any
 from tests.k8s.burst_webhook import cpu_seconds, run_delay_s
 from tests.k8s.real_nodes import cgroup_hierarchies
 from tests.support.processes import Process
+
+# The weight the scale bench gives each real node's root unless told otherwise: sixteen threads'
+# worth, more than the control plane has runnable at once on a small host, so a node's pods get a
+# CPU when they ask for one, as on a machine of their own, while what they use stays their own
+# work (the nodes run nothing else). At 1024 a saturated control plane left the webhook replicas
+# waiting 2.6-3.0 ms per review for a CPU; at this weight 0.3-0.6 (docs/benchmarks.md).
+NODE_CPU_SHARES = 16384
 
 
 def weight_of_shares(shares: int) -> int:
