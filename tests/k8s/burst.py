@@ -433,6 +433,7 @@ def run(
                 "running": len(startup),
                 "startup_p50_ms": ms(quantile(startup, 0.5)),
                 "startup_p99_ms": ms(quantile(startup, 0.99)),
+                **watch.figures(set(burst.created)),
                 **scheduler_figures(scheduler_before, scheduler_metrics(cluster)),
             }
         )

@@ -58,6 +58,9 @@ CHECKS = (
     "webhook_cpu_throttled_by_replica",
     "control_plane_by_process",
     "node_cpu_shares",
+    "watch_restarts",
+    "watch_relists",
+    "running_seen_late_p99_s",
 )
 
 
