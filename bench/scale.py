@@ -53,6 +53,9 @@ open at the end, split into accepted and dialed; probes and the bench's reads of
 connections too) and ``webhook_cpu_throttled_by_replica`` (periods its CPU cgroup was throttled in,
 and for how long). ``control_plane_by_process``: the CPU etcd, the apiserver, the scheduler and the
 controller-manager used over the burst and the time they waited for a CPU, per review.
+``running_seen_late_p50_s``/``_p99_s``/``_max_s``: how long after each pod's own ``startTime`` the
+bench's pod watch saw it Running (1 s resolution), with ``watch_restarts`` and ``watch_relists``:
+a startup tail that these leave near 1 s is the cluster's, not the watch's.
 """
 
 from __future__ import annotations
