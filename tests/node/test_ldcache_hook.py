@@ -16,12 +16,23 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ix_gpu.node.devices.ldcache_hook import ldcache_hook
+from ix_gpu.node.devices.ldcache_hook import LDCONFIG_BOUND_S, ldcache_hook
+from tests.support.host_layouts import (
+    LAYOUTS,
+    PAYLOAD_MARK,
+    SERVED,
+    layer,
+    payload_ran,
+    plant_payload,
+    probe_layer,
+    within,
+)
 from tests.support.hostile_roots import (
     HOSTILE,
     LIBRARY_DIR,
@@ -29,6 +40,7 @@ from tests.support.hostile_roots import (
     as_root,
     cached,
     host_target,
+    leftovers,
     make_bundle,
     regular,
     runc_create,
@@ -36,6 +48,9 @@ from tests.support.hostile_roots import (
     runc_driver_bundle,
     snapshot,
 )
+
+BOUND_SLACK_S = 5
+"""How long past the hook's own bound on ldconfig ``runc create`` may take: runc's own work."""
 
 RUNC_LIKE = 'mount --rbind "$1" "$1" && mount -t proc proc "$1/proc" && shift && exec "$@"'
 """What runc has done by the time it runs a createContainer hook: the root bound onto itself and
@@ -47,7 +62,9 @@ def bundle(tmp_path: Path) -> Path:
     return make_bundle(tmp_path)
 
 
-def run_hook(bundle: Path | None, *, runc_like: bool = False) -> subprocess.CompletedProcess[str]:
+def run_hook(
+    bundle: Path | None, *, runc_like: bool = False, layout: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     hook = ldcache_hook([LIBRARY_DIR])
     state: dict[str, Any] = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1}
     if bundle is not None:
@@ -58,6 +75,8 @@ def run_hook(bundle: Path | None, *, runc_like: bool = False) -> subprocess.Comp
         assert bundle is not None
         namespaces = ["unshare", "--mount", "--propagation", "private", "--pid", "--fork"]
         argv = [*namespaces, "sh", "-c", RUNC_LIKE, "runc-like", str(bundle / "rootfs"), *argv]
+    if layout is not None:
+        argv = within(layout, argv)
     return subprocess.run(
         as_root(argv),
         input=json.dumps(state, separators=(",", ":")),
@@ -73,8 +92,9 @@ def test_the_spec_hook_runs_sh_with_the_scripts_inline_and_a_path_of_its_own() -
     hook = ldcache_hook([LIBRARY_DIR])
     assert hook["hookName"] == "createContainer"
     assert hook["path"] == "/bin/sh" and hook["args"][:2] == ["sh", "-c"]
-    assert hook["args"][3] == "ix-gpu-ldcache" and hook["args"][5:] == [LIBRARY_DIR]
-    assert "setpriv" in hook["args"][4] and "mount --move" in hook["args"][4]
+    assert hook["args"][3] == "ix-gpu-ldcache" and hook["args"][5:] == [str(LDCONFIG_BOUND_S), LIBRARY_DIR]
+    assert "unshare --user --map-user=1 --map-group=1 --root=." in hook["args"][4]
+    assert "--kill-child" in hook["args"][2] and hook["timeout"] > LDCONFIG_BOUND_S
     assert hook["env"] == ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
     assert 1 <= hook["timeout"] <= 60
 
@@ -134,9 +154,13 @@ def test_a_hostile_root_reads_and_writes_nothing_outside_it(bundle: Path, tmp_pa
     before = snapshot(host)
     rootfs = bundle / "rootfs"
     HOSTILE[case](rootfs, f"/proc/1/root{host}")
+    started = time.monotonic()
     result = run_hook(bundle, runc_like=True)
+    took = time.monotonic() - started
     print(result.stderr)
     assert result.returncode == 0, result.stderr
+    assert took < LDCONFIG_BOUND_S + BOUND_SLACK_S, f"the hook took {took:.1f} s"
+    assert leftovers(rootfs) == []
     assert snapshot(host) == before
     if not (rootfs / "etc").is_symlink() and regular(rootfs / "etc/ld.so.cache"):
         entries = cached(rootfs)
@@ -172,14 +196,84 @@ def test_under_real_runc_the_hook_serves_the_driver_and_a_hostile_root_touches_n
     name = f"ix-gpu-ldcache-{os.getpid()}-{abs(hash(case)) % 10**6}"
     try:
         errors = tmp_path / "runc.err"
+        started = time.monotonic()
         code = runc_create(runc, bundle, name, errors)
+        took = time.monotonic() - started
         print(errors.read_text())
         if case in RUNC_REFUSES:  # runc guards its own mounts: such an image never runs
             assert code != 0 and "runc create failed" in errors.read_text()
         else:
             assert code == 0, errors.read_text()
+        assert took < LDCONFIG_BOUND_S + BOUND_SLACK_S, f"runc create took {took:.1f} s"
+        assert leftovers(rootfs) == []
         assert (snapshot(host), snapshot(driver)) == before
         if case == "benign":
             assert cached(rootfs)["libixml.so"] == f"{LIBRARY_DIR}/libixml.so"
+    finally:
+        runc_delete(runc, name)
+    assert leftovers(rootfs) == []
+
+
+@pytest.fixture
+def as_host_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the host layouts are overlay mounts with whiteouts (mknod): root only; CI runs as root")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_on_every_host_layout_no_file_of_the_image_runs_and_a_static_ldconfig_serves(
+    as_host_root: None, bundle: Path, tmp_path: Path, layout: str
+) -> None:
+    """The image's ``/bin/sh`` and program loader are the payload. On Ubuntu the host's
+    ``ldconfig`` is a ``#!/bin/sh`` script (the kernel would take ``/bin/sh`` from the image), on a
+    host with a dynamic one the kernel would take its loader from the image: only a static program
+    is run, ``ldconfig.real`` first, and nothing of the image's ever is."""
+    rootfs = bundle / "rootfs"
+    plant_payload(rootfs, tmp_path)
+    result = run_hook(bundle, runc_like=True, layout=layer(layout, tmp_path))
+    print(result.stderr)
+    assert result.returncode == 0, result.stderr
+    assert payload_ran(rootfs) == []
+    if layout in SERVED:
+        assert result.stderr == ""
+        assert cached(rootfs)["libixml.so"] == f"{LIBRARY_DIR}/libixml.so"
+    else:
+        assert "is not a static program" in result.stderr or "no ldconfig on this host" in result.stderr
+        assert "linker cache left as it was" in result.stderr
+        assert not (rootfs / "etc/ld.so.cache").exists()
+
+
+def test_ldconfig_runs_with_no_capability_and_no_new_privileges(
+    as_host_root: None, bundle: Path, tmp_path: Path
+) -> None:
+    """A host whose static ``ldconfig`` is the payload: the hook runs it as it runs ldconfig, and it
+    says what it got: a user namespace's uid 1 (the host's root for files, root of nothing), no
+    effective capability in any namespace, ``no_new_privs``, inside the image's root."""
+    rootfs = bundle / "rootfs"
+    result = run_hook(bundle, runc_like=True, layout=probe_layer(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (line,) = (rootfs / PAYLOAD_MARK).read_text().splitlines()
+    assert line == "ran as /proc/ldconfig: uid=1 euid=1 capeff=0000000000000000 nnp=1", line
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_under_real_runc_on_every_host_layout_no_file_of_the_image_runs(
+    runc: str, bundle: Path, tmp_path: Path, layout: str
+) -> None:
+    """As above, with the hook run by ``runc create`` on each host layout: the container is
+    created, the payload never runs, and the driver is cached where a static ldconfig exists."""
+    driver = tmp_path / "driver"
+    rootfs = bundle / "rootfs"
+    runc_driver_bundle(bundle, driver)
+    plant_payload(rootfs, tmp_path)
+    name = f"ix-gpu-ldcache-{os.getpid()}-{layout}"
+    try:
+        code = runc_create(runc, bundle, name, tmp_path / "runc.err", layer(layout, tmp_path))
+        assert code == 0, (tmp_path / "runc.err").read_text()
+        assert payload_ran(rootfs) == []
+        if layout in SERVED:
+            assert cached(rootfs)["libixml.so"] == f"{LIBRARY_DIR}/libixml.so"
+        else:
+            assert not (rootfs / "etc/ld.so.cache").exists()
     finally:
         runc_delete(runc, name)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ix_gpu.node.devices.ldcache_hook import ldcache_hook
+from tests.support.host_layouts import within
 from tests.support.paths import ROOT
 
 FAKE_IXML = ROOT / "tests/node/fake_ixml.c"
@@ -167,6 +168,18 @@ def _fifos(rootfs: Path, out: str) -> None:
     os.mkfifo(clear(rootfs / "var/cache/ldconfig/aux-cache"))
 
 
+@hostile("a library in a configured directory is a link to a FIFO")
+def _library_fifo(rootfs: Path, out: str) -> None:
+    os.mkfifo(clear(rootfs / "opt/pipe"))
+    link(rootfs / "opt/lib/libfoo.so.1", "/opt/pipe")
+    (rootfs / "etc/ld.so.conf").write_text("/opt/lib\n")
+
+
+@hostile("ld.so.conf is a FIFO")
+def _conf_fifo(rootfs: Path, out: str) -> None:
+    os.mkfifo(clear(rootfs / "etc/ld.so.conf"))
+
+
 @hostile("dev is a link to the host")
 def _dev(rootfs: Path, out: str) -> None:
     link(rootfs / "dev", out)
@@ -236,12 +249,14 @@ def runc_driver_bundle(bundle: Path, driver: Path) -> None:
     runc_bundle(bundle, driver)
 
 
-def runc_create(runc: str, bundle: Path, name: str, errors: Path) -> int:
-    """``runc create`` of ``bundle`` as ``name`` (the hook runs then); its exit code, its stderr in
+def runc_create(runc: str, bundle: Path, name: str, errors: Path, layout: Path | None = None) -> int:
+    """``runc create`` of ``bundle`` as ``name`` (the hook runs then), on the host ``layout``
+    (:mod:`tests.support.host_layouts`) where one is given; its exit code, its stderr in
     ``errors``. The created container's init keeps runc's stdio open: a pipe would never close."""
+    argv = [runc, "create", "--bundle", str(bundle), name]
     with errors.open("w") as err:
         created = subprocess.run(
-            [runc, "create", "--bundle", str(bundle), name],
+            argv if layout is None else within(layout, argv),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
@@ -253,6 +268,23 @@ def runc_create(runc: str, bundle: Path, name: str, errors: Path) -> int:
 
 def runc_delete(runc: str, name: str) -> None:
     subprocess.run([runc, "delete", "--force", name], capture_output=True, timeout=60, check=False)
+
+
+def leftovers(rootfs: Path) -> list[str]:
+    """Processes the hook started that are still there: any whose command line names ``rootfs`` or
+    starts with the copy of ldconfig the hook runs (``/proc/ldconfig``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        line = " ".join(part.decode(errors="replace") for part in argv).strip()
+        if str(rootfs) in line or line.startswith("/proc/ldconfig"):
+            found.append(f"{entry.name}: {line[:200]}")
+    return found
 
 
 IMAGE_CASES = {

@@ -15,32 +15,38 @@ inline: there is nothing to install on the node, and the spec stays self-contain
 reads the bundle from the container state on stdin and the root from the bundle's
 ``config.json``.
 
-Why it is confined: the root is the image's, and the image is the tenant's. ``ldconfig -r``
-alone chroots into it, but follows the image's symlinks there, and ``/proc/1/root`` (procfs is
-mounted in the root) leads back to the host: an image whose ``/etc`` or ``/var/cache/ldconfig``
-was a link into ``/proc/1/root/<host dir>`` had the cache written there as host root. So ldconfig
-runs where no path leads out (see ``docs/design.md``, "The linker-cache hook"):
+Why it is confined: the root is the image's, and the image is the tenant's. Every file in it, and
+every volume of the pod mounted in it, is hostile input to a process that starts as the host's root.
+So (see ``docs/design.md``, "The linker-cache hook"):
 
-- in a private mount namespace of its own (``unshare``), so nothing it mounts reaches the
-  container or the host, and in a new pid namespace, so no process of the container's is visible;
-- with the root's ``/proc``, ``/sys`` and ``/dev`` covered by empty tmpfs: no magic link, no
-  kernel tunable and no device node is reachable by path;
-- with the container's root moved over ``/`` and then chrooted into (``mount --move``, as runc
-  does without pivot_root): the host's tree is under that mount, and no ``..`` reaches it;
-- as the **host's** ``ldconfig`` (never the image's: a binary from the image, run as root, is what
-  CVE-2025-23266 was), a static binary copied into the tmpfs over ``/proc`` before the move;
-- with every capability dropped but ``CAP_SYS_CHROOT`` and ``no_new_privs`` set
-  (``setpriv``): even an ldconfig subverted by a crafted library could not mount, unmount,
-  open by handle, or trace its way out;
-- ``-X``, so it changes no symlink in the image, only the cache; ``-f``/``-C`` name the image's
-  own configuration and cache, since the host's ldconfig may default to others; ``-i`` so it never
-  reads an auxiliary cache that the image planted (a FIFO there would hang it).
+- **Nothing of the image is ever executed.** Only the host's own ``ldconfig`` runs, and only a
+  static ELF program (no ``PT_INTERP``, no ``#!``): the kernel would take a script's interpreter or a
+  dynamic program's loader from the image once the root is switched, and run it as root.
+  ``ldconfig.real`` comes first, since on Ubuntu ``ldconfig`` is a ``#!/bin/sh`` script around it.
+  The program is copied into a private tmpfs and the copy is checked and run, so the file that is
+  checked is the file that runs. A host without such a program (musl, a script, a dynamic build)
+  gets a log line and no cache.
+- **ldconfig holds no privilege but the files' owner.** It runs in a user namespace of its own as
+  that namespace's uid 1, which is the host's uid 0 (so it may write the image's root-owned
+  ``/etc``, as the owner) and root of nothing: no capability in any namespace, ``no_new_privs``, so
+  no file it could execute gains any. It is chrooted into the root by ``unshare --root`` before it
+  is executed; without ``CAP_SYS_CHROOT`` no ``..`` and no second chroot lead out, and the mount
+  namespace it sits in belongs to the host's user namespace, so it can mount and unmount nothing.
+- **It sees nothing of the node.** In a private mount namespace (``unshare``), the root's ``/proc``,
+  ``/sys`` and ``/dev`` are covered by empty tmpfs: no magic link, kernel tunable or device node is
+  reachable by path. ``-X`` changes no symlink in the image, only the cache; ``-f``/``-C`` name the
+  image's own configuration and cache; ``-i`` never reads an auxiliary cache the image planted.
+- **It is bounded.** A FIFO where ldconfig opens a file blocks it for ever. It runs in a pid
+  namespace of its own under ``timeout``: after :data:`LDCONFIG_BOUND_S` the namespace's first
+  process is killed (``unshare --kill-child``), and with it every process in the namespace. None of
+  them holds the runtime's stdout or stderr (runc waits for both to close, whatever its own hook
+  timeout says): their output goes through a pipe to this script, which passes on its last lines.
 
-It never fails the container: a host without ``ldconfig`` (musl) or the util-linux tools, an image
-without ``/etc`` or a read-only root, or a runtime whose state it cannot read leaves the cache as
-the image had it. Each such case writes one line on stderr, which the runtime may log. A user's own
-``ldconfig`` run inside the container later rebuilds the cache from the image's configuration and
-drops the directory again.
+It never fails the container: a host without a static ``ldconfig`` or the util-linux tools, an image
+without ``/etc`` or a read-only root, ldconfig killed at its bound, or a runtime whose state it cannot
+read leaves the cache as the image had it. Each such case writes a line on stderr, which the runtime
+may log. A user's own ``ldconfig`` run inside the container later rebuilds the cache from the image's
+configuration and drops the directory again.
 """
 
 from __future__ import annotations
@@ -49,7 +55,11 @@ from typing import Any
 
 HOOK_NAME = "ix-gpu-ldcache"
 HOOK_TIMEOUT_S = 30
-"""ldconfig over a large image takes well under a second; this only bounds a wedged host."""
+"""The runtime's bound on the whole hook; it never comes into play, the hook's own bound is shorter."""
+LDCONFIG_BOUND_S = 10
+"""How long ldconfig may run before it and everything it started are killed. ldconfig over a large
+image takes well under a second (0.5 s over 1,100 libraries on a cold cache); this bounds a hostile
+root that blocks it (a FIFO where it reads)."""
 HOOK_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 """OCI hooks start with only the environment the spec gives them."""
 
@@ -57,10 +67,12 @@ HOOK_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # could read "bundle"); config.json's first "root":{"path": is the real one, since any string a
 # user controls is JSON-escaped and cannot hold `"root":{`. Splitting at commas keeps sed simple.
 # The root is the runtime's (containerd's rootfs mount), so it is trusted; what is in it is not.
+# The confined part's output comes back through a pipe (never the runtime's own stdout and stderr,
+# which a process left behind would hold open) with its exit status as the last line.
 SCRIPT = r"""set -u
 say() { printf '%s: %s\n' "$0" "$*" >&2; }
-confined=$1
-shift
+confined=$1 bound=$2
+shift 2
 bundle=$(tr ',' '\n' | sed -n 's/^[{ ]*"bundle" *: *"\([^"]*\)".*/\1/p' | head -n 1)
 if [ -z "$bundle" ] || [ ! -f "$bundle/config.json" ]; then
   say "no bundle in the container state; linker cache left as it was"; exit 0
@@ -72,42 +84,80 @@ case $root in
   /*) ;;
   *) root=$bundle/$root ;;
 esac
-for ldconfig in /sbin/ldconfig /usr/sbin/ldconfig ''; do
-  [ -x "$ldconfig" ] && break
-done
-if [ -z "$ldconfig" ]; then
-  say "no ldconfig on this host; linker cache left as it was"; exit 0
-fi
-for tool in unshare mount setpriv chroot; do
+for tool in timeout tail unshare mount setpriv od; do
   if ! command -v "$tool" >/dev/null; then
-    say "no $tool on this host (util-linux, coreutils); linker cache left as it was"; exit 0
+    say "no $tool on this host (coreutils, util-linux); linker cache left as it was"; exit 0
   fi
 done
 if [ ! -d "$root/etc" ] || [ -L "$root/etc" ]; then
   say "/etc in $root is not a directory; linker cache left as it was"; exit 0
 fi
-unshare --mount --propagation private --pid --fork sh -c "$confined" "$0" "$root" "$ldconfig" "$@" ||
-  say "ldconfig in $root failed; linker cache left as it was"
+report=$({
+  timeout -s KILL "$bound" unshare --mount --propagation private --pid --kill-child \
+    sh -c "$confined" "$0" "$root" "$@" </dev/null 2>&1 >/dev/null
+  echo "$?"
+} | tail -n 11)
+nl='
+'
+status=${report##*$nl}
+if [ "$status" != "$report" ]; then
+  printf '%s\n' "${report%$nl*}" >&2
+fi
+case $status in
+  0) ;;
+  137) say "ldconfig in $root did not finish in ${bound}s; it was killed; linker cache left as it was" ;;
+  *) say "ldconfig in $root failed; linker cache left as it was" ;;
+esac
 exit 0
 """
 
+# static_elf: a 64-bit little-endian ELF program (e_type EXEC or DYN) none of whose program headers
+# is PT_INTERP (3): the kernel runs it without loading anything else. Bytes 32-39 are e_phoff,
+# 54-55 e_phentsize (56 for ELF64), 56-57 e_phnum; each header's first 4-byte word is its type.
 CONFINED = r"""set -u
-root=$1 ldconfig=$2
-shift 2
+say() { printf '%s: %s\n' "$0" "$*" >&2; }
+static_elf() {
+  file=$1
+  set -- $(od -A n -t u1 -v -N 64 "$file")
+  [ "$#" = 64 ] && [ "$1.$2.$3.$4.$5.$6" = 127.69.76.70.2.1 ] || return 1
+  case ${17}.${18} in 2.0|3.0) ;; *) return 1 ;; esac
+  [ "${55}.${56}.${37}.${38}.${39}.${40}" = 56.0.0.0.0.0 ] || return 1
+  phoff=$(( ${33} + ${34} * 256 + ${35} * 65536 + ${36} * 16777216 ))
+  phnum=$(( ${57} + ${58} * 256 ))
+  set -- $(od -A n -t u4 -v -j "$phoff" -N $(( phnum * 56 )) "$file")
+  [ "$phnum" -gt 0 ] && [ "$#" = $(( phnum * 14 )) ] || return 1
+  while [ "$#" -gt 0 ]; do
+    [ "$1" != 3 ] || return 1
+    shift 14
+  done
+}
+root=$1
+shift
 mount --rbind "$root" "$root" && cd "$root" || exit 1
 for dir in proc sys dev; do
   if [ -L "$dir" ]; then
-    printf '%s: /%s in %s is a link\n' "$0" "$dir" "$root" >&2; exit 1
+    say "/$dir in $root is a link"; exit 1
   fi
   if [ -d "$dir" ]; then
     mount -t tmpfs -o size=16m,mode=0755,nosuid,nodev ix-gpu-ldcache "$dir" || exit 1
   elif [ "$dir" = proc ]; then
-    printf '%s: %s has no /proc\n' "$0" "$root" >&2; exit 1
+    say "$root has no /proc"; exit 1
   fi
 done
-cat "$ldconfig" > proc/ldconfig && chmod 0555 proc/ldconfig && mount --move . / || exit 1
-exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all,+sys_chroot \
-  chroot . /proc/ldconfig -i -X -f /etc/ld.so.conf -C /etc/ld.so.cache "$@"
+for ldconfig in /sbin/ldconfig.real /usr/sbin/ldconfig.real /sbin/ldconfig /usr/sbin/ldconfig ''; do
+  [ -f "$ldconfig" ] && break
+done
+if [ -z "$ldconfig" ]; then
+  say "no ldconfig on this host"; exit 1
+fi
+cat "$ldconfig" > proc/ldconfig && chmod 0555 proc/ldconfig || exit 1
+if ! static_elf proc/ldconfig; then
+  say "$ldconfig is not a static program (a script, or one that loads its interpreter from the" \
+    "root it runs in); it is not run"
+  exit 1
+fi
+exec setpriv --no-new-privs --clear-groups unshare --user --map-user=1 --map-group=1 --root=. \
+  /proc/ldconfig -i -X -f /etc/ld.so.conf -C /etc/ld.so.cache "$@"
 """
 
 
@@ -116,7 +166,7 @@ def ldcache_hook(library_dirs: list[str]) -> dict[str, Any]:
     return {
         "hookName": "createContainer",
         "path": "/bin/sh",
-        "args": ["sh", "-c", SCRIPT, HOOK_NAME, CONFINED, *library_dirs],
+        "args": ["sh", "-c", SCRIPT, HOOK_NAME, CONFINED, str(LDCONFIG_BOUND_S), *library_dirs],
         "env": [f"PATH={HOOK_PATH}"],
         "timeout": HOOK_TIMEOUT_S,
     }
