@@ -10,4 +10,5 @@ DEFAULT_NAMESPACE = "ix-gpu-system"
 DEFAULT_SELECTOR = "app.kubernetes.io/name=ix-gpu,app.kubernetes.io/component=device-plugin"
 """The labels the chart puts on its device-plugin pods (``ix-gpu.plugin.selectorLabels``), less the
 release's name: the README's release and the tests' are named differently, and what makes a pod
-the plugin is its namespace, which only the operator controls."""
+the plugin is its namespace, its DaemonSet and the ServiceAccount the release binds
+(:mod:`ix_gpu.status.trust`), not its labels."""

@@ -26,9 +26,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             "kubeconfig: nodes, pods, ResourceSlices and ResourceClaims, and each device plugin's /metrics "
             "through the API server's pod proxy (needs get on pods/proxy in the chart's namespace; "
             "--no-chips skips it). Only the pods of --namespace that match --selector are read as "
-            "device plugins: a pod elsewhere with the same labels is not believed. Exit 0; 1, with "
-            "one line on stderr, when the API server cannot be read or the read outlasts --timeout; "
-            "2 on a usage error."
+            "device plugins: a pod elsewhere with the same labels is not believed; nor is one there "
+            "unless a DaemonSet of the namespace with those labels controls it (by UID) and a "
+            "ClusterRoleBinding with those labels binds its ServiceAccount (needs list on daemonsets "
+            "and clusterrolebindings); any other is reported. Exit 0; 1, with one line on stderr, "
+            "when the API server cannot be read or the read outlasts --timeout; 2 on a usage error."
         ),
     )
     status.add_argument(

@@ -4,11 +4,12 @@ a cluster without it), and each device plugin's /metrics through the API server'
 metrics port is not reachable from outside the cluster; the proxy needs ``get pods/proxy`` in the
 plugin's namespace).
 
-Whose /metrics are believed: only the pods of the chart's namespace that carry the chart's
-device-plugin labels, listed there with a label selector. A label anyone can put on a pod anywhere
-is no proof of being the plugin; a pod in the release's namespace is, as much as the operator who
-controls that namespace makes it. Two such pods on one node, a page that is not Prometheus text or
-one that cannot be read is a note on that node alone; the other nodes keep their chips.
+Whose /metrics are believed: the pods of the chart's namespace that carry the chart's
+device-plugin labels, listed there with a label selector, and of those only the ones the release's
+DaemonSet controls under the ServiceAccount the release binds (:mod:`ix_gpu.status.trust`: a
+namespace a tenant made under the default name holds a tenant's DaemonSet as easily as its pods).
+The rest are reported and never read. Two believed pods on one node, a page that is not Prometheus
+text or one that cannot be read is a note on that node alone; the other nodes keep their chips.
 
 At size: every list is paged and each page cut down to what the view reads as it is parsed (a
 5,000-node cluster's nodes and slices whole cost the CLI about 0.3 GiB); a continue token that
@@ -32,6 +33,7 @@ from ix_gpu.config.text import one_line
 from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.kube.list_watch import ApiGone, ApiListWatch
 from ix_gpu.status import DEFAULT_NAMESPACE, DEFAULT_SELECTOR
+from ix_gpu.status.trust import Release, release_of, slim_binding, slim_daemonset, slim_owners, sort_plugins
 from ix_gpu.status.view import NODE_LABELS, NodeChips, chips_from_metrics
 
 T = TypeVar("T")
@@ -43,6 +45,7 @@ DEADLINE_GRACE = 1.0
 """Seconds past the deadline that the reader gets to fail on its own, with what it was doing."""
 SCRAPE_TIMEOUT = 10.0
 LIST_TIMEOUT = 60.0
+BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
 
 
 class ReadError(Exception):
@@ -395,15 +398,20 @@ def read_cluster(
         else []
     )
     found: dict[str, NodeChips] = {}
+    plugins: list[Any] = []
+    untrusted: list[dict[str, str]] = []
     if chips:
-        plugins = list_all(
-            BoundedApi(api, deadline, selector),
+        selected = BoundedApi(api, deadline, selector)
+        listed = list_all(
+            selected,
             f"/api/v1/namespaces/{quote(namespace, safe='')}/pods",
             f"device-plugin pods in {namespace}",
             deadline,
             field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-            slim=slim_pod,
+            slim=lambda pod: {**slim_pod(pod), **slim_owners(pod)},
         )
+        if listed:  # else there is nothing to check, and nothing more to ask the API server
+            plugins, untrusted = sort_plugins(listed, read_release(selected, namespace, selector, deadline))
         deadline.doing = f"reading the /metrics of {len(plugins)} device-plugin pods"
         found = plugin_chips(bounded, plugins)
         if deadline.passed():  # the scrapes that failed, failed for want of time
@@ -416,4 +424,22 @@ def read_cluster(
         "claims": claims,
         "chips": found,
         "no_plugin": no_plugin if chips else "",
+        "untrusted": untrusted,
     }
+
+
+def read_release(selected: BoundedApi, namespace: str, selector: str, deadline: Deadline) -> Release:
+    """The release's device-plugin DaemonSets and the ServiceAccounts its ClusterRoleBindings bind
+    (``selected``: the API with ``selector``); a refused list is a problem of the release (no pod is
+    believed then) and not of the whole read, as the chips are not the only thing shown."""
+    try:
+        daemonsets = f"/apis/apps/v1/namespaces/{quote(namespace, safe='')}/daemonsets"
+        return release_of(
+            namespace,
+            selector,
+            list_all(selected, daemonsets, f"DaemonSets in {namespace}", deadline, slim=slim_daemonset),
+            list_all(selected, BINDINGS, "ClusterRoleBindings", deadline, slim=slim_binding),
+        )
+    except urllib.error.HTTPError as exc:
+        why = f"its DaemonSet or the release's ClusterRoleBindings could not be read ({error_text(exc, 200)})"
+        return Release(namespace, selector, {}, frozenset(), problem=why)

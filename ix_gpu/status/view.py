@@ -16,6 +16,8 @@ Where each fact comes from, and why there:
   every chip; ``ix_gpu_chip_health_problem`` its decoded health bits). Without them (telemetry off,
   the metrics port not reachable, a page that is not Prometheus text, two plugin pods on the node)
   a node shows its counts only, and its note says why: one node's trouble is that node's alone.
+- **Pods not believed as device plugins** (:mod:`ix_gpu.status.trust`): listed with why, and the
+  note of a node that has no other says so; their /metrics were never read.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class ClusterStatus:
     resource: str
     driver: str
     nodes: list[NodeStatus]
+    untrusted: list[dict[str, str]] = field(default_factory=list)
+    """Each pod listed as a device plugin and not believed: ``pod``, ``node`` and ``reason``."""
 
     def as_json(self) -> dict[str, Any]:
         nodes = []
@@ -108,7 +112,13 @@ class ClusterStatus:
             "inUse": sum(n.in_use for n in self.nodes),
             "free": sum(n.free for n in self.nodes),
         }
-        return {"resource": self.resource, "driver": self.driver, "totals": totals, "nodes": nodes}
+        return {
+            "resource": self.resource,
+            "driver": self.driver,
+            "totals": totals,
+            "nodes": nodes,
+            "untrustedPlugins": self.untrusted,
+        }
 
 
 def _quantity(value: Any) -> int:
@@ -242,12 +252,17 @@ def cluster_status(
     claims: Sequence[Mapping[str, Any]],
     chips: Mapping[str, NodeChips],
     no_plugin: str = "",
+    untrusted: Sequence[Mapping[str, str]] = (),
 ) -> ClusterStatus:
     """The GPU nodes among ``nodes`` (those with ``resource``, the DRA allocation label or a slice
     of ``driver``), each with what is in use and free. ``chips``: each node's chips as its device
     plugin's /metrics lists them (:func:`chips_from_metrics`), or the note saying why they are
     unknown; ``no_plugin``: the note of a GPU node absent from ``chips`` (empty: none, as when
-    the chips were not asked for)."""
+    the chips were not asked for); ``untrusted``: the pods listed as device plugins and not
+    believed (``pod``, ``node``, ``reason``), named in the note of a node absent from ``chips``."""
+    doubted: dict[str, list[str]] = {}
+    for entry in untrusted:
+        doubted.setdefault(entry["node"], []).append(f"{entry['pod']} ({entry['reason']})")
     asked: dict[str, int] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
@@ -294,10 +309,15 @@ def cluster_status(
             status.note = found
         elif found is not None:
             status.chips = found
+        elif name in doubted:
+            status.note = f"chips unknown: its device-plugin pod is not believed: {'; '.join(doubted[name])}"
         else:
             status.note = no_plugin
         out.append(status)
-    return ClusterStatus(resource=resource, driver=driver, nodes=sorted(out, key=lambda n: n.name))
+    nodes_out = sorted(out, key=lambda n: n.name)
+    return ClusterStatus(
+        resource=resource, driver=driver, nodes=nodes_out, untrusted=[dict(u) for u in untrusted]
+    )
 
 
 def render_text(status: ClusterStatus) -> str:
@@ -310,6 +330,9 @@ def render_text(status: ClusterStatus) -> str:
     lines = _table(rows)
     total, used, free = (sum(getattr(n, k) for n in status.nodes) for k in ("total", "in_use", "free"))
     lines.append(f"{len(status.nodes)} GPU nodes: {total} GPUs, {used} in use, {free} free")
+    if status.untrusted:
+        lines.append("Not believed as device plugins (their /metrics were not read):")
+        lines.extend(f"  {u['pod']} on {u['node'] or '-'}: {u['reason']}" for u in status.untrusted)
     for node in status.nodes:
         lines.append("")
         lines.append(f"{node.name} ({node.allocator})" + (f": {node.note}" if node.note else ""))

@@ -1,9 +1,10 @@
 """A fake API server on loopback for ``ix-gpu status``'s reader: the lists it makes (paged a few
-objects at a time, whatever ``limit`` asks, as an apiserver may; label selectors on a namespace's
-pods) and the device plugins' /metrics through the pod proxy, with the failures a real cluster
-gives: a continue token that expired (410 Gone), an answer that never comes, a page that is not
-Prometheus text. Over real HTTP, so the reader's query strings and socket timeouts are the ones
-it sends and sets."""
+objects at a time, whatever ``limit`` asks, as an apiserver may; label selectors on every list)
+and the device plugins' /metrics through the pod proxy, with the failures a real cluster gives: a
+continue token that expired (410 Gone), an answer that never comes, a page that is not Prometheus
+text. It serves the release's DaemonSet and ClusterRoleBinding too, which say whose pods to
+believe. Over real HTTP, so the reader's query strings and socket timeouts are the ones it sends
+and sets."""
 
 from __future__ import annotations
 
@@ -27,25 +28,67 @@ PLUGIN_LABELS = {
 }
 """What the chart's DaemonSet puts on its device-plugin pods (release ``ixd``)."""
 
+PLUGIN = "ixd-ix-gpu-plugin"
+"""The chart's name for the plugin's DaemonSet, ServiceAccount and ClusterRoleBinding (release ``ixd``)."""
+PLUGIN_UID = "5f0c7a52-0000-4000-8000-00000000d5e7"
+"""The release's DaemonSet's UID."""
+
 PROXY = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/:]+):(\d+)/proxy/metrics$")
 NAMESPACED_PODS = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+NAMESPACED_DAEMONSETS = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/daemonsets$")
+BINDINGS = "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"
+
+
+def controller(kind: str = "DaemonSet", name: str = PLUGIN, uid: str = PLUGIN_UID) -> dict[str, Any]:
+    """An ownerReference with ``controller: true``, as the DaemonSet controller sets it."""
+    api_version = "apps/v1" if kind in ("DaemonSet", "ReplicaSet") else "v1"
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True}
 
 
 def plugin_pod(
-    name: str, node: str, namespace: str = "ix-gpu-system", labels: dict[str, str] | None = None
+    name: str,
+    node: str,
+    namespace: str = "ix-gpu-system",
+    labels: dict[str, str] | None = None,
+    owners: list[dict[str, Any]] | None = None,
+    account: str = PLUGIN,
 ) -> dict[str, Any]:
-    """A device-plugin pod as the chart's DaemonSet makes it, running on ``node``."""
+    """A device-plugin pod as the chart's DaemonSet makes it, running on ``node``: owned by
+    ``owners`` (the release's DaemonSet by default), as ServiceAccount ``account``."""
     return {
         "metadata": {
             "namespace": namespace,
             "name": name,
             "labels": dict(PLUGIN_LABELS if labels is None else labels),
+            "ownerReferences": [controller()] if owners is None else owners,
         },
         "spec": {
             "nodeName": node,
+            "serviceAccountName": account,
             "containers": [{"name": "device-plugin", "ports": [{"name": "metrics", "containerPort": 9400}]}],
         },
         "status": {"phase": "Running"},
+    }
+
+
+def daemonset(
+    namespace: str = "ix-gpu-system", name: str = PLUGIN, uid: str = PLUGIN_UID, account: str = PLUGIN
+) -> dict[str, Any]:
+    """The chart's device-plugin DaemonSet, whose pods run as ``account``."""
+    return {
+        "metadata": {"namespace": namespace, "name": name, "uid": uid, "labels": dict(PLUGIN_LABELS)},
+        "spec": {
+            "template": {"metadata": {"labels": dict(PLUGIN_LABELS)}, "spec": {"serviceAccountName": account}}
+        },
+    }
+
+
+def binding(namespace: str = "ix-gpu-system", account: str = PLUGIN) -> dict[str, Any]:
+    """The chart's ClusterRoleBinding of the plugin's ServiceAccount ``namespace/account``."""
+    return {
+        "metadata": {"name": PLUGIN, "labels": dict(PLUGIN_LABELS)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": PLUGIN},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
     }
 
 
@@ -56,6 +99,9 @@ class FakeCluster:
     slices: list[dict[str, Any]] | None = field(default_factory=list)
     """None: ``resource.k8s.io/v1`` is not served (404)."""
     claims: list[dict[str, Any]] = field(default_factory=list)
+    daemonsets: list[dict[str, Any]] = field(default_factory=lambda: [daemonset()])
+    bindings: list[dict[str, Any]] = field(default_factory=lambda: [binding()])
+    """ClusterRoleBindings."""
     metrics: dict[str, str | bytes] = field(default_factory=dict)
     """Each pod's /metrics by ``namespace/name``; a pod without one answers 503."""
     page_size: int = 2
@@ -79,6 +125,11 @@ class FakeCluster:
             return self.slices
         if path == "/apis/resource.k8s.io/v1/resourceclaims":
             return None if self.slices is None else self.claims
+        if path == BINDINGS:
+            return self.bindings
+        for pattern, items in ((NAMESPACED_PODS, self.pods), (NAMESPACED_DAEMONSETS, self.daemonsets)):
+            if found := pattern.match(path):
+                return [o for o in items if o["metadata"]["namespace"] == unquote(found[1])]
         return None
 
     def answer(self, target: str) -> tuple[int, bytes, str]:
@@ -99,15 +150,13 @@ class FakeCluster:
             if found is None:
                 return 503, b"no endpoint", "text/plain"
             return 200, found if isinstance(found, bytes) else found.encode(), "text/plain"
-        in_namespace = NAMESPACED_PODS.match(path)
         items = self.lists(path)
-        if in_namespace:
-            wanted = dict(term.split("=", 1) for term in query.get("labelSelector", "").split(",") if term)
+        if items is not None and "labelSelector" in query:
+            wanted = dict(term.split("=", 1) for term in query["labelSelector"].split(",") if term)
             items = [
-                p
-                for p in self.pods
-                if p["metadata"]["namespace"] == unquote(in_namespace[1])
-                and all((p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+                o
+                for o in items
+                if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
             ]
         if items is None:
             return 404, b'{"kind": "Status", "code": 404}', "application/json"

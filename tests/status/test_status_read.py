@@ -90,12 +90,14 @@ def test_a_pod_with_the_plugins_labels_elsewhere_is_not_believed(
     assert dp["note"] == "" and dp["chips"][0]["holders"] == ["ml/train"]
     assert {c["health"] for c in dp["chips"]} == {"Healthy"}
     assert not [s for s in cluster.seen if "spoof" in s or "ixd-webhook" in s]
-    # Another namespace named on the command line is the one believed instead.
+    # Another namespace named on the command line is looked in instead; a pod there too is believed
+    # only as the release's DaemonSet's, which no DaemonSet of that namespace is (test_status_trust).
     nodes = nodes_of(run_status, "--namespace", "tenant")
-    assert nodes["dp"]["chips"][0]["holders"] == ["tenant/x"]
+    assert nodes["dp"]["chips"] == [] and "pod is not believed: tenant/spoof (" in nodes["dp"]["note"]
     assert nodes["dp2"]["note"].startswith(
         "chips unknown: no device-plugin pod on this node (namespace tenant"
     )
+    assert not [s for s in cluster.seen if "/proxy/" in s and "spoof" in s]
 
 
 def test_two_plugin_pods_on_one_node_are_that_nodes_error(run_status: Run, cluster: FakeCluster) -> None:
