@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.support.adversarial import adversarial_seed
+from tests.support.host_layouts import LAYOUTS
 from tests.support.hostile_roots import HOSTILE, RUNC_REFUSES
 from tests.support.paths import ROOT
 
@@ -36,6 +38,30 @@ def test_no_hostile_root_changes_a_host_file_and_the_benign_one_finds_the_driver
     assert figures["containersCreated"] == figures["rootsTried"] - len(RUNC_REFUSES)
     assert figures["hostFilesChanged"] == 0 and figures["hostLibrariesCached"] == 0
     assert figures["benignFoundTheDriver"] is True
+
+
+GENERATED_PER_LAYOUT = 4
+"""Generated roots per host layout in CI (the bench runs 500): a different slice per commit."""
+
+
+def test_generated_roots_on_every_host_layout_harm_nothing() -> None:
+    """Roots drawn from this commit's seed, on each host layout, under the real runc: no host file
+    touched, no host library cached, no image code run, each within the hook's bound, nothing left
+    running, and every one created."""
+    if os.geteuid() != 0:
+        pytest.skip("runc and the host layouts need root; scripts/test.sh runs this as root (CI does)")
+    runc = shutil.which("runc")
+    assert runc, "runc is installed by tests/k8s/node-packages.sh, which scripts/test.sh runs as root"
+    seed, source = adversarial_seed()
+    figures = bench().generated(runc, seed % 10**9, GENERATED_PER_LAYOUT)
+    print(f"seed {seed % 10**9} ({source}):", figures)
+    for layout in LAYOUTS:
+        found = figures[layout]
+        assert found["failing"] == [], (layout, found["failing"])
+        assert found["rootsTried"] == GENERATED_PER_LAYOUT
+        assert found["containersCreated"] == GENERATED_PER_LAYOUT
+        harms = ("hostFilesChanged", "hostLibrariesCached", "imageCodeRun", "pastBound", "leftoverProcesses")
+        assert {key: found[key] for key in harms} == dict.fromkeys(harms, 0), (layout, found)
 
 
 def test_each_hostile_claim_fails_alone_with_its_reason(short_tmp: Path) -> None:

@@ -7,6 +7,8 @@ the root, as it is when a createContainer hook runs, that path leads back to the
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
 import os
@@ -15,6 +17,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,11 +40,22 @@ def as_root(argv: list[str]) -> list[str]:
 
 
 def build_library(target: Path, soname: str | None = None) -> None:
+    """The libixml stand-in at ``target``, with ``soname``: compiled once per name in a process,
+    then copied (the generated roots of ``bench/adversarial_node.py`` need thousands)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_compiled_library(soname), target)
+
+
+@functools.cache
+def _compiled_library(soname: str | None) -> Path:
     gcc = shutil.which("gcc") or shutil.which("cc")
     assert gcc, "these tests need a C compiler (gcc) to build the libixml stand-in"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="ix-gpu-library-"))
+    atexit.register(shutil.rmtree, directory, True)
+    target = directory / "library.so"
     flags = [f"-Wl,-soname,{soname}"] if soname else []
     subprocess.run([gcc, "-shared", "-fPIC", *flags, "-o", str(target), str(FAKE_IXML)], check=True)
+    return target
 
 
 def make_bundle(tmp_path: Path) -> Path:
