@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ix_gpu.node.devices.ldcache_hook import ldcache_hook
 from tests.support.host_layouts import within
@@ -246,11 +247,20 @@ def runc_bundle(bundle: Path, driver: Path) -> None:
     config["root"] = {"path": "rootfs", "readonly": False}
     mount = {"type": "bind", "source": str(driver), "destination": "/usr/local/corex"}
     config["mounts"].append({**mount, "options": ["rbind", "ro", "nosuid", "nodev"]})
-    hook = ldcache_hook([LIBRARY_DIR])
-    config["hooks"] = {"createContainer": [{key: hook[key] for key in ("path", "args", "env", "timeout")}]}
     (bundle / "config.json").write_text(json.dumps(config))
+    set_hook(bundle, ldcache_hook([LIBRARY_DIR]))
     (bundle / "rootfs/sbin").mkdir(exist_ok=True)
     shutil.copy(ldconfig(), bundle / "rootfs/sbin/ldconfig")
+
+
+def set_hook(bundle: Path, hook: dict[str, Any] | None) -> None:
+    """The runc bundle's createContainer hook: ``hook`` as a CDI spec carries it, or none."""
+    config = json.loads((bundle / "config.json").read_text())
+    config.pop("hooks", None)
+    if hook is not None:
+        fields = ("path", "args", "env", "timeout")
+        config["hooks"] = {"createContainer": [{key: hook[key] for key in fields}]}
+    (bundle / "config.json").write_text(json.dumps(config))
 
 
 def runc_driver_bundle(bundle: Path, driver: Path) -> None:
