@@ -157,6 +157,18 @@ class Policy(ConfigModel):
     cannot learn (its watch has not synced, or the ResourceClaim or ResourceClaimTemplate is not
     there yet): ``deny`` (default) refuses the object; ``allow-unmodified`` injects nothing for that
     claim, warns and counts. Only asked when a profile names ``deviceClasses``."""
+    keep_image_library_path_in_claims: bool = Field(
+        default=True,
+        # Left out of dumps while true, so configs that never name it keep their digest.
+        exclude_if=lambda value: value is True,
+    )
+    """A container that gets its GPUs only through DRA claims (none in its limits) keeps its
+    image's ``LD_LIBRARY_PATH``: there a profile's ``LD_LIBRARY_PATH`` of mode ``prepend-path`` or
+    ``append-path`` acts as ``prepend-path-if-set`` or ``append-path-if-set`` (merged into a value
+    the container's spec sets, none added where it sets none). A claim's CDI spec puts the driver
+    in the container's linker cache, so the variable is not needed to find it. ``false``: the
+    profile's mode in every GPU container (for nodes whose runtime cannot run the CDI spec's
+    hook)."""
 
 
 def _builtin_workloads() -> tuple[Workload, ...]:

@@ -143,9 +143,11 @@ def test_the_webhook_injects_a_dra_pod_whose_template_it_watched(
         injected = webhook.post_review(review(obj, namespace="team-a"))["response"]
         assert injected["auditAnnotations"]["decision"] == "mutated", injected
         mutated = apply_response(obj, injected)
-        assert mutated["spec"]["containers"][0]["env"] == [
-            {"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}
+        # The driver mounted; no LD_LIBRARY_PATH for a container served only through its claim.
+        assert [m["mountPath"] for m in mutated["spec"]["containers"][0]["volumeMounts"]] == [
+            "/usr/local/corex"
         ]
+        assert "env" not in mutated["spec"]["containers"][0]
         assert mutated["spec"]["containers"][1] == obj["spec"]["containers"][1]  # type: ignore[index]
 
         # Created after the webhook started: learned from the watch, no request per review.

@@ -70,17 +70,24 @@ def admit(obj: dict[str, Any], config: CompiledConfig = DEFAULT, claims: Any = C
 
 
 def _without_gpu_request(obj: dict[str, Any]) -> dict[str, Any]:
-    """The pod minus how it asked for its GPU (limits or claims), to compare what was injected."""
+    """The pod minus how it asked for its GPU (limits or claims) and the injection record, to
+    compare what was injected."""
     out = copy.deepcopy(obj)
     out["spec"].pop("resourceClaims", None)
+    out["metadata"]["annotations"].pop(labels.INJECTED_ITEMS)
     for c in out["spec"]["containers"]:
         c.pop("resources", None)
     return out
 
 
-def test_a_claim_from_a_template_gets_the_same_injection_as_a_limit() -> None:
+def test_a_claim_from_a_template_gets_the_same_injection_as_a_limit_but_the_library_path() -> None:
+    """All of the profile but its LD_LIBRARY_PATH, which a container served only through claims
+    gets only merged into a value its spec sets (policy.keepImageLibraryPathInClaims)."""
     dra = admit(pod(containers=[container("main", claims=["gpu"])], resource_claims=[pod_claim("gpu")]))
     limits = admit(pod(containers=[container("main", 1)]))
+    assert limits["spec"]["containers"][0].pop("env") == [
+        {"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}
+    ]
     assert _without_gpu_request(dra) == _without_gpu_request(limits)
     annotations = dra["metadata"]["annotations"]
     assert annotations[labels.INJECTED] == f"iluvatar@{DEFAULT.digest}"
@@ -89,9 +96,8 @@ def test_a_claim_from_a_template_gets_the_same_injection_as_a_limit() -> None:
 
 def test_a_shared_resource_claim_counts_as_a_template_does() -> None:
     obj = pod(containers=[container("main", claims=["g"])], resource_claims=[pod_claim("g", claim="shared")])
-    assert admit(obj)["spec"]["containers"][0]["env"] == [
-        {"name": "LD_LIBRARY_PATH", "value": "/usr/local/corex/lib64"}
-    ]
+    main = admit(obj)["spec"]["containers"][0]
+    assert [m["mountPath"] for m in main["volumeMounts"]] == ["/usr/local/corex"]
 
 
 def test_only_the_containers_that_reference_the_claim_are_injected() -> None:

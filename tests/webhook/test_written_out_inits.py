@@ -50,7 +50,14 @@ EVERY_FIELD: list[tuple[type, dict[str, Any]]] = [
     ),
     (
         GpuContainer,
-        {"list_name": "containers", "index": 2, "name": "c", "body": {"name": "c"}, "profiles": PROFILES},
+        {
+            "list_name": "containers",
+            "index": 2,
+            "name": "c",
+            "body": {"name": "c"},
+            "profiles": PROFILES,
+            "claims_only": True,
+        },
     ),
     (PodTemplate, {"pointer": "/spec/template", "where": "spec.template", "body": {"spec": {}}}),
     (

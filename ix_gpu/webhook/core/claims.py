@@ -179,7 +179,10 @@ def claim_containers(
             if existing is not None:
                 profiles.update((p.index, p) for p in existing.profiles)
             ordered = tuple(profiles[i] for i in sorted(profiles))
-            by_position[(list_name, index)] = GpuContainer(list_name, index, name, container, ordered)
+            # Only through claims when its limits asked for no GPU (``found`` holds those that did).
+            by_position[(list_name, index)] = GpuContainer(
+                list_name, index, name, container, ordered, existing is None
+            )
     order = {list_name: rank for rank, list_name in enumerate(CONTAINER_LISTS)}
     merged = sorted(by_position.values(), key=lambda c: (order[c.list_name], c.index))
     return merged, tuple(warnings)

@@ -48,6 +48,28 @@ class InjectedEnv:
 IF_SET_MODES = frozenset((EnvMode.PREPEND_PATH_IF_SET.value, EnvMode.APPEND_PATH_IF_SET.value))
 """Env modes that merge into a variable the container's spec sets and add none where it sets none."""
 
+LIBRARY_PATH = "LD_LIBRARY_PATH"
+_IF_SET_FORM = {
+    EnvMode.PREPEND_PATH.value: EnvMode.PREPEND_PATH_IF_SET.value,
+    EnvMode.APPEND_PATH.value: EnvMode.APPEND_PATH_IF_SET.value,
+}
+
+
+def env_in_claims(env: tuple[InjectedEnv, ...]) -> tuple[InjectedEnv, ...]:
+    """``env`` as a container served only through DRA claims gets it: ``LD_LIBRARY_PATH`` of a path
+    mode in its if-set form. A claim's CDI spec puts the driver in the container's linker cache, so
+    the variable is not what finds it there, and a container entry would replace the image's own
+    ``ENV LD_LIBRARY_PATH`` (``policy.keepImageLibraryPathInClaims``). The same tuple when nothing
+    changes, so that callers can tell by identity."""
+    if not any(e.name == LIBRARY_PATH and e.mode in _IF_SET_FORM for e in env):
+        return env
+    return tuple(
+        InjectedEnv(e.name, e.value, _IF_SET_FORM[e.mode])
+        if e.name == LIBRARY_PATH and e.mode in _IF_SET_FORM
+        else e
+        for e in env
+    )
+
 
 class ContainerFast:
     """What one profile gives a container that holds none of its mounts or env yet: the common
@@ -125,9 +147,14 @@ class CompiledProfile:
     """How ``injected-items`` names each of ``node_requirements`` and ``tolerations``."""
     fast: ContainerFast | None
     """The one-pass merge for a container of this profile alone, where the profile allows it."""
+    claim_env: tuple[InjectedEnv, ...]
+    """``env`` for a container that gets its GPUs only through DRA claims (:func:`env_in_claims` under
+    ``policy.keepImageLibraryPathInClaims``; else ``env`` itself)."""
+    claim_fast: ContainerFast | None
+    """``fast`` for such a container (``fast`` itself where ``claim_env`` is ``env``)."""
 
 
-def _compile_profile(index: int, profile: Profile, fast_path: bool) -> CompiledProfile:
+def _compile_profile(index: int, profile: Profile, fast_path: bool, keep_in_claims: bool) -> CompiledProfile:
     volumes = []
     for spec in profile.all_volumes():
         host_path: dict[str, Any] = {"path": spec.host_path}
@@ -143,6 +170,11 @@ def _compile_profile(index: int, profile: Profile, fast_path: bool) -> CompiledP
     requirements = tuple(r.to_k8s() for r in profile.affinity.required_node_expressions)
     tolerations = tuple(t.to_k8s() for t in profile.tolerations)
     env = tuple(InjectedEnv(e.name, e.value, e.mode.value) for e in profile.env)
+    fast = ContainerFast.of(tuple(volumes), env, profile.privileged.value) if fast_path else None
+    in_claims = env_in_claims(env) if keep_in_claims else env
+    claim_fast = fast
+    if in_claims is not env and fast_path:
+        claim_fast = ContainerFast.of(tuple(volumes), in_claims, profile.privileged.value)
     return CompiledProfile(
         name=profile.name,
         index=index,
@@ -156,7 +188,9 @@ def _compile_profile(index: int, profile: Profile, fast_path: bool) -> CompiledP
         source=profile,
         requirement_refs=tuple(item_ref(r.get("key"), r) for r in requirements),
         toleration_refs=tuple(item_ref(t.get("key", ""), t) for t in tolerations),
-        fast=ContainerFast.of(tuple(volumes), env, profile.privileged.value) if fast_path else None,
+        fast=fast,
+        claim_env=in_claims,
+        claim_fast=claim_fast,
     )
 
 
@@ -171,7 +205,8 @@ class CompiledConfig:
         """``fast_path=False`` leaves every profile without its :class:`ContainerFast`, so each
         container takes the general merge: the tests' reference for the fast path's answers."""
         self.digest = config.digest()
-        self.profiles = tuple(_compile_profile(i, p, fast_path) for i, p in enumerate(config.profiles))
+        keep = config.policy.keep_image_library_path_in_claims
+        self.profiles = tuple(_compile_profile(i, p, fast_path, keep) for i, p in enumerate(config.profiles))
         self.policy = config.policy
         self.any_privileged = any(p.privileged != Privileged.NEVER.value for p in self.profiles)
         """Some profile sets or may set ``privileged`` (else no review needs to know whether its

@@ -4,6 +4,10 @@
 none of its only profile's mounts or env yet, the common case of a first admission, and the general
 merge otherwise; ``tests/webhook/test_fast_merge.py`` holds the two to the same result. A conflict
 (the user's value under the same key) is recorded and kept, never overwritten.
+
+A container served only through DRA claims takes its profiles' ``claim_env`` (and ``claim_fast``)
+instead of ``env``: there ``LD_LIBRARY_PATH`` keeps the image's value (see
+``CompiledProfile.claim_env``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def merge_container(
     ptr = f"{spec_ptr}/{container.list_name}/{container.index}"
     profiles = container.profiles
     if len(profiles) == 1:
-        fast = profiles[0].fast
+        fast = profiles[0].claim_fast if container.claims_only else profiles[0].fast
         if fast is not None and fast.volume_names <= mountable:
             given = _merge_fast(fast, body, ptr, run)
             if given is not None:
@@ -159,8 +163,9 @@ def _merge_env(
     updated: dict[int, str] = {}
     appended: list[dict[str, Any]] = []
     appended_at: dict[str, int] = {}
+    claims_only = container.claims_only
     for profile in container.profiles:
-        for var in profile.env:
+        for var in profile.claim_env if claims_only else profile.env:
             if var.name in appended_at:
                 item = appended[appended_at[var.name]]
                 item["value"] = _merged_value(item["value"], var)

@@ -29,6 +29,11 @@ class GpuContainer:
     body: dict[str, Any]
     profiles: tuple[CompiledProfile, ...]
     """Matching profiles, in config order."""
+    claims_only: bool = False
+    """Its GPUs come only through DRA claims: no configured resource in its limits. Such a
+    container gets each profile's ``claim_env``. One that also asks in its limits may be served
+    by a device plugin that sets no linker cache (``envvar``), so it gets ``env``, as do those
+    whose limits DRA serves through an extended resource: the webhook cannot tell by whom."""
 
     def __init__(
         self,
@@ -37,6 +42,7 @@ class GpuContainer:
         name: str,
         body: dict[str, Any],
         profiles: tuple[CompiledProfile, ...],
+        claims_only: bool = False,
     ) -> None:
         # Written out, not generated: mypyc compiles this one (see docs/design.md).
         self.list_name = list_name
@@ -44,6 +50,7 @@ class GpuContainer:
         self.name = name
         self.body = body
         self.profiles = profiles
+        self.claims_only = claims_only
 
 
 MAX_NAME_CHARS = 64
