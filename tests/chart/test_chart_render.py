@@ -1352,20 +1352,29 @@ def _library_path_modes(values: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("values", "kept"),
+    ("values", "kept", "in_claims"),
     [
-        ({}, False),  # the device plugin's envvar strategy: the variable is the only way
-        ({"plugin": {"deviceListStrategy": "cdi"}}, True),
-        ({"plugin": {"enabled": False}, "dra": {"enabled": True}}, True),
-        ({"plugin": {"deviceListStrategy": "cdi"}, "webhook": {"keepImageLibraryPath": False}}, False),
-        ({"webhook": {"keepImageLibraryPath": True}}, True),
+        # The device plugin's envvar strategy: the variable is the only way for its pods; a
+        # container served only through DRA claims still keeps its image's (the core's default).
+        ({}, False, True),
+        ({"dra": {"enabled": True}}, False, True),
+        ({"plugin": {"deviceListStrategy": "cdi"}}, True, True),
+        ({"plugin": {"enabled": False}, "dra": {"enabled": True}}, True, True),
+        ({"plugin": {"deviceListStrategy": "cdi"}, "webhook": {"keepImageLibraryPath": False}}, False, False),
+        ({"dra": {"enabled": True}, "webhook": {"keepImageLibraryPath": False}}, False, False),
+        ({"webhook": {"keepImageLibraryPath": True}}, True, True),
     ],
 )
 def test_keep_image_library_path_turns_the_path_modes_into_their_if_set_forms(
-    values: dict[str, Any], kept: bool
+    values: dict[str, Any], kept: bool, in_claims: bool
 ) -> None:
     modes = _library_path_modes(values)
     assert modes == (["prepend-path-if-set"] if kept else ["prepend-path"]), modes
+    # Per container, for those served only through claims: left to the core's default (true, not
+    # written, so the config's digest is the one a release without it had), false only with false.
+    rendered = yaml.safe_load(find(render(values), "ConfigMap", WEBHOOK)["data"]["config.yaml"])
+    assert rendered["policy"].get("keepImageLibraryPathInClaims", True) is in_claims
+    assert ("keepImageLibraryPathInClaims" in rendered["policy"]) is not in_claims
     # The webhook loads what the chart renders (the core's own schema accepts the if-set modes).
     config = find(render(values), "ConfigMap", WEBHOOK)["data"]["config.yaml"]
     parse_config(yaml.safe_load(config), "rendered")

@@ -162,6 +162,11 @@ so that rendering never changes .Values.
 {{- $config := deepCopy .Values.config -}}
 {{- $policy := default dict $config.policy -}}
 {{- $_ := set $policy "excludedNamespaces" (include "ix-gpu.excludedNamespaces" . | fromJsonArray) -}}
+{{- /* false: the profile's mode in every GPU container, those served only through DRA claims too
+(where the core's own default keeps the image's value); auto and true leave that default. */ -}}
+{{- if eq (toString .Values.webhook.keepImageLibraryPath) "false" -}}
+{{- $_ = set $policy "keepImageLibraryPathInClaims" false -}}
+{{- end -}}
 {{- $_ = set $config "policy" $policy -}}
 {{- if eq (include "ix-gpu.keepImageLibraryPath" .) "true" -}}
 {{- range $profile := $config.profiles -}}
@@ -175,8 +180,10 @@ so that rendering never changes .Values.
 {{- toYaml $config -}}
 {{- end -}}
 
-{{/* "true" when LD_LIBRARY_PATH is merged only into a value the pod spec sets (webhook.
-keepImageLibraryPath; auto: every GPU comes through CDI, whose linker-cache hook finds the driver). */}}
+{{/* "true" when LD_LIBRARY_PATH is merged only into a value the pod spec sets, in every GPU
+container (webhook.keepImageLibraryPath; auto: every GPU comes through CDI, whose linker-cache hook
+finds the driver). Where it is not, the webhook still does so per container for those served only
+through DRA claims (config.policy.keepImageLibraryPathInClaims), unless keepImageLibraryPath is false. */}}
 {{- define "ix-gpu.keepImageLibraryPath" -}}
 {{- $keep := .Values.webhook.keepImageLibraryPath -}}
 {{- if eq (toString $keep) "auto" -}}
