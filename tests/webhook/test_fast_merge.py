@@ -5,6 +5,8 @@ pod (and the pod its patch makes, mutated again under either config) must get th
 warnings, reason and decision from both. The pods collide with what the profiles inject where the
 fast path must step aside: a mount at the driver's path, the env name already set (by value or
 ``valueFrom``), entries that are not maps, names that are not strings, lists that are not lists.
+Some containers ask through a DRA claim, alone or beside their limits (the claim containers'
+one-pass merge, ``claim_fast``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ix_gpu.config.webhook_config import WebhookConfig, default_config, load_config, parse_config
+from ix_gpu.webhook.core.claims import KnownClaims
 from ix_gpu.webhook.core.compiled_config import CompiledConfig
 from ix_gpu.webhook.core.decision import MutationResult, NamespaceFacts
 from ix_gpu.webhook.core.mutation import mutate
+from tests.support.objects import claim_template
 
 EXAMPLES = int(os.environ.get("IX_GPU_PROPERTY_EXAMPLES", "2000")) // 4
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -43,13 +47,18 @@ def _if_set(config: WebhookConfig) -> WebhookConfig:
 
 
 CONFIGS = [default_config(), load_config(SEED_CONFIG), _if_set(default_config())]
+CLAIMS = KnownClaims.of([claim_template("gpu")])
+"""The claim every generated pod declares: one device of the built-in profile's DeviceClass."""
 PAIRS = [(_compiled(c, True), _compiled(c, False)) for c in CONFIGS]
 
 
 def test_the_default_config_has_fast_profiles_and_the_slow_twins_have_none() -> None:
     assert any(p.fast is not None for p in PAIRS[0][0].profiles)
+    # The built-in Iluvatar profile's LD_LIBRARY_PATH is if-set in claim containers: a fast twin.
+    iluvatar = PAIRS[0][0].profiles[0]
+    assert iluvatar.claim_fast is not None and iluvatar.claim_fast is not iluvatar.fast
     for _, slow in PAIRS:
-        assert all(p.fast is None for p in slow.profiles)
+        assert all(p.fast is None and p.claim_fast is None for p in slow.profiles)
 
 
 _ENV = st.one_of(
@@ -92,6 +101,9 @@ def _containers(draw: st.DrawFn, prefix: str) -> list[dict[str, Any]]:
         )
         container["resources"] = {"limits": limits}
         if draw(st.booleans()):
+            # A DRA claim: with no GPU in the limits, the claim containers' env (claim_fast).
+            container["resources"]["claims"] = [{"name": "gpu"}]
+        if draw(st.booleans()):
             container["securityContext"] = {"allowPrivilegeEscalation": False}
         out.append(container)
     return out
@@ -104,6 +116,7 @@ def _pods(draw: st.DrawFn) -> dict[str, Any]:
         spec["initContainers"] = draw(_containers("i"))
     if draw(st.booleans()):
         spec["volumes"] = [{"name": "data", "emptyDir": {}}]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team"}, "spec": spec}
 
 
@@ -121,13 +134,13 @@ def _same(fast: MutationResult, slow: MutationResult) -> None:
 def test_fast_merge_matches_the_general_merge(pair: int, pod: dict[str, Any], known: bool) -> None:
     fast, slow = PAIRS[pair]
     namespace = NamespaceFacts("team") if known else NamespaceFacts.unknown("team")
-    first = mutate(copy.deepcopy(pod), "CREATE", namespace, fast)
-    _same(first, mutate(copy.deepcopy(pod), "CREATE", namespace, slow))
+    first = mutate(copy.deepcopy(pod), "CREATE", namespace, fast, CLAIMS)
+    _same(first, mutate(copy.deepcopy(pod), "CREATE", namespace, slow, CLAIMS))
     if not first.ops or not first.allowed:
         return
     patched = jsonpatch.apply_patch(copy.deepcopy(pod), first.ops)
     for other_fast, other_slow in PAIRS:  # again, and under the other config (stale stripping)
         _same(
-            mutate(copy.deepcopy(patched), "CREATE", namespace, other_fast),
-            mutate(copy.deepcopy(patched), "CREATE", namespace, other_slow),
+            mutate(copy.deepcopy(patched), "CREATE", namespace, other_fast, CLAIMS),
+            mutate(copy.deepcopy(patched), "CREATE", namespace, other_slow, CLAIMS),
         )

@@ -95,7 +95,9 @@ RICH = CompiledConfig(
         }
     )
 )
-CONFIGS = [CompiledConfig(default_config()), RICH]
+LIBRARY_PATH_EVERYWHERE = CompiledConfig(parse_config({"policy": {"keepImageLibraryPathInClaims": False}}))
+"""The built-in config with the profile's LD_LIBRARY_PATH mode in claim containers too."""
+CONFIGS = [CompiledConfig(default_config()), RICH, LIBRARY_PATH_EVERYWHERE]
 
 NIC = "nic.example.com"
 CLAIM_REQUESTS: dict[str, dict[str, str] | None] = {
@@ -292,6 +294,23 @@ def _gpu_container_names(pod: dict[str, Any], config: CompiledConfig) -> set[str
     return names
 
 
+def _claims_only_names(pod: dict[str, Any], config: CompiledConfig) -> set[str]:
+    """The GPU containers of ``pod`` that ask for no configured GPU in their limits: served only
+    through claims."""
+    gpu = _gpu_container_names(pod, config)
+    names = set()
+    for key in ("containers", "initContainers"):
+        for container in pod["spec"].get(key, []):
+            limits = container.get("resources", {}).get("limits", {})
+            if not any(config.profiles_for(r) and int(q) > 0 for r, q in limits.items()):
+                names.add(container["name"])
+    return gpu & names
+
+
+def _library_path_set(container: dict[str, Any]) -> bool:
+    return any(e.get("name") == "LD_LIBRARY_PATH" for e in container.get("env", []))
+
+
 def _check_semantics(pod: dict[str, Any]) -> None:
     """Rules the apiserver enforces beyond the JSON schema, which a bad merge would break."""
     spec = pod["spec"]
@@ -335,7 +354,7 @@ def _uses_unknown_claim(pod: dict[str, Any]) -> bool:
 
 
 @SETTINGS
-@given(pod=pods(), namespace=namespaces, config_index=st.integers(0, 1))
+@given(pod=pods(), namespace=namespaces, config_index=st.integers(0, len(CONFIGS) - 1))
 def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts, config_index: int) -> None:
     config = CONFIGS[config_index]
     validate(pod)
@@ -352,11 +371,16 @@ def test_pod_mutation_properties(pod: dict[str, Any], namespace: NamespaceFacts,
     validate(mutated)
     _check_semantics(mutated)
     gpu = _gpu_container_names(pod, config)
+    claims_only = _claims_only_names(pod, config)
     assert (result.decision in (Decision.MUTATED, Decision.UNCHANGED)) == bool(gpu)
     for key in ("containers", "initContainers"):
         for before, after in zip(pod["spec"].get(key, []), mutated["spec"].get(key, []), strict=True):
             if before["name"] not in gpu:
                 assert before == after, "a container without GPUs was changed"
+            elif before["name"] in claims_only and config is not LIBRARY_PATH_EVERYWHERE:
+                # Served only through claims: the image's LD_LIBRARY_PATH stands where the spec
+                # sets none, and one the spec sets is merged into, never removed.
+                assert _library_path_set(after) == _library_path_set(before), (before, after)
     if gpu:
         assert mutated["metadata"]["annotations"][labels.INJECTED].endswith("@" + config.digest)
     again = mutate(mutated, "CREATE", namespace, config, CLAIMS)

@@ -26,6 +26,7 @@ from ix_gpu.webhook.core.record_items import item_ref
 from tests.support.objects import container, pod
 from tests.webhook.test_properties import (
     CLAIMS,
+    LIBRARY_PATH_EVERYWHERE,
     RICH,
     SETTINGS,
     _apiserver_defaults,
@@ -48,7 +49,18 @@ def _moved(config: CompiledConfig, *, driver: str, selector: dict[str, str]) -> 
 
 
 MOVED = _moved(DEFAULT, driver="/opt/corex", selector={"gpu": "iluvatar"})
-PAIRS = [(DEFAULT, MOVED), (MOVED, DEFAULT), (RICH, DEFAULT), (DEFAULT, RICH), (RICH, MOVED)]
+EVERYWHERE = LIBRARY_PATH_EVERYWHERE
+PAIRS = [
+    (DEFAULT, MOVED),
+    (MOVED, DEFAULT),
+    (RICH, DEFAULT),
+    (DEFAULT, RICH),
+    (RICH, MOVED),
+    # keepImageLibraryPathInClaims turned off and on: claim containers gain or lose the variable.
+    (DEFAULT, EVERYWHERE),
+    (EVERYWHERE, DEFAULT),
+    (EVERYWHERE, RICH),
+]
 
 
 def admit(obj: dict[str, Any], namespace: NamespaceFacts, config: CompiledConfig) -> dict[str, Any]:
