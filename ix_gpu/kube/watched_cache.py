@@ -19,6 +19,10 @@ HELD_AFTER_S = 60.0
 (client-go's reflector resets after two minutes without a failure)."""
 
 
+class WatchEndedEarly(Exception):
+    """A watch the server accepted ended before its ``timeoutSeconds`` with nothing on it."""
+
+
 class WatchedCache:
     """A list + watch of one resource kept in a dict; subclasses say what each object becomes.
 
@@ -212,6 +216,9 @@ class WatchedCache:
         # Between the timeout and twice it, as client-go's reflector: agents started (or reconnected
         # after an apiserver restart) together must not renew their watches in step ever after.
         timeout = int(self._watch_timeout * random.uniform(1.0, 2.0))
+        # Timed from before the request: the server counts its timeout from when it got it, so a
+        # watch that the server itself ended is never younger than ``timeout`` here.
+        started, opened, delivered = self._clock(), False, False
         for event in self._api.watch(self._resource_version, timeout):
             if self._stopping.is_set():
                 return
@@ -224,8 +231,10 @@ class WatchedCache:
                 raise RuntimeError(f"watch error event: {code} {message}")
             if kind == "OPENED":
                 self._opened_at = self._clock()
+                opened = True
                 self._heard(opened=True)
                 continue
+            delivered = True
             version = resource_version(obj)
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 entry = self._entry(obj)
@@ -238,13 +247,25 @@ class WatchedCache:
             if version is not None:
                 self._resource_version = version
             self._heard()
+        if self._stopping.is_set():
+            return
+        if opened and not delivered and self._clock() - started < timeout:
+            # Accepted (HTTP 200), then ended empty before the server's own end: a proxy or an
+            # apiserver cutting every watch short. Re-watching at once made 415,825 watches in 2 s,
+            # and counting the end as heard kept a cache that learned nothing ready. A failure:
+            # it waits its backoff (afresh only if the watch held) and is not heard. Only an
+            # opened watch: an API that answers without asking the server (a resource not served,
+            # asked again later) has nothing to cut short. One message for every such end, so
+            # the failure is logged once, not once per watch.
+            raise WatchEndedEarly("watch ended before its timeoutSeconds with no event")
         # The server ended the watch (timeoutSeconds): a healthy, quiet cluster.
         self._heard()
 
     def _heard(self, *, opened: bool = False) -> None:
         # An opened watch proves the connection, not that anything arrives on it: only a list, an
         # event (bookmarks included: the apiserver sends one a minute) or the server's own end of
-        # the watch count as heard, so a watch that stays silent grows stale.
+        # the watch (at its timeoutSeconds; an empty end before it is WatchEndedEarly) count as
+        # heard, so a watch that stays silent, or is cut short again and again, grows stale.
         if not opened:
             self._last_heard = self._clock()
             self._logged_error = None

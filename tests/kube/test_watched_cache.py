@@ -1,5 +1,7 @@
 """The list + watch loop's backoff, driven by a scripted API (no HTTP): a failure after a watch that
-held starts the backoff afresh, where it used to keep the delay it had grown to before."""
+held starts the backoff afresh, where it used to keep the delay it had grown to before; a watch
+that the server accepts and ends at once, with nothing on it, is a failure that waits, and is not
+heard (it used to re-watch as fast as the server answered, 415,825 watches in 2 s, and stay ready)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,14 @@ from tests.support.waiting import wait_until
 
 class ScriptedApi:
     """Lists nothing; each watch does the next step of ``steps``: ``fail`` at once, ``held``
-    (opens, stays open ``held_for`` seconds, then breaks), and after the script, stays open."""
+    (opens, stays open ``held_for`` seconds, then breaks), ``ends`` (opens and ends at once with no
+    event: HTTP 200 and an empty stream), and after the script, ``then`` (by default stays open)."""
 
-    def __init__(self, steps: list[str], held_for: float, clock: list[float] | None = None) -> None:
+    def __init__(
+        self, steps: list[str], held_for: float, clock: list[float] | None = None, then: str = "open"
+    ) -> None:
         self._steps = iter(steps)
+        self._then = then
         self._held_for = held_for
         self._closed = threading.Event()
         self._clock = clock
@@ -31,10 +37,12 @@ class ScriptedApi:
 
     def watch(self, resource_version: str, timeout_seconds: int) -> Iterator[dict[str, Any]]:
         self.watch_times.append(time.monotonic())
-        step = next(self._steps, "open")
+        step = next(self._steps, self._then)
         if step == "fail":
             raise ConnectionRefusedError("refused")
         yield OPENED
+        if step == "ends":
+            return
         if step == "held":
             time.sleep(self._held_for)
             raise ConnectionResetError("cut after holding")
@@ -86,3 +94,60 @@ def test_a_cache_stale_past_half_its_bound_relists_instead_of_resuming_its_watch
     # cache was stale past 4 s: it listed again, and was ready at once.
     assert api.lists == 2, api.lists
     assert cache.ready()
+
+
+def _most_watches(window: float, backoff: tuple[float, float]) -> int:
+    """The most watches the backoff allows in ``window`` seconds: the first at once, then one per
+    step, each step its delay (``backoff[0]`` doubling to ``backoff[1]``) at its shortest jitter."""
+    count, elapsed, delay = 1, 0.0, backoff[0]
+    while elapsed + delay * 0.8 <= window:
+        elapsed += delay * 0.8
+        count += 1
+        delay = min(delay * 2, backoff[1])
+    return count
+
+
+def test_a_watch_that_ends_at_once_backs_off_and_is_not_heard() -> None:
+    """HTTP 200 and an empty stream, again and again (a broken proxy, a misbehaving apiserver): each
+    end waits its backoff step, and the cache, which hears nothing, grows stale by the second."""
+    backoff, window = (0.02, 0.32), 2.0
+    api = ScriptedApi([], held_for=0.0, then="ends")
+    cache = Cache(api, backoff=backoff)
+    cache.start()
+    try:
+        assert cache.wait_synced(5)
+        time.sleep(window)
+        watches, staleness = len(api.watch_times), cache.staleness_seconds()
+        error = cache.last_error()
+    finally:
+        cache.stop()
+    # At most one watch per backoff step (12 in the 2 s), where the old loop made tens of thousands.
+    assert 3 <= watches <= _most_watches(window + 0.1, backoff), watches
+    gaps = [b - a for a, b in zip(api.watch_times, api.watch_times[1:], strict=False)]
+    steps = [min(backoff[0] * 2**i, backoff[1]) for i in range(len(gaps))]
+    assert all(gap >= step * 0.8 * 0.95 for gap, step in zip(gaps, steps, strict=True)), gaps
+    # Not heard: the list was the last thing heard, and the failure says what went wrong.
+    assert staleness >= window - 0.1, staleness
+    assert error is not None and "ended" in error, error
+    assert api.lists == 1  # without a staleness bound nothing asks for a re-list
+
+
+def test_a_watch_that_ends_at_once_turns_the_cache_stale_and_not_ready() -> None:
+    """With ``max_staleness``, hearing nothing but the ends of empty watches turns the cache not
+    ready once the bound passes. Lists still answer here, so the re-list that the first attempt
+    past half the bound makes is heard, and makes it ready again: the cache is stale while its
+    backoff step (0.4 s, then 0.8 s) outlasts the rest of the bound (0.5 s), as 30 s steps do a
+    bound under a minute; with 300 s the re-lists keep it within about 180 s, and ready."""
+    api = ScriptedApi([], held_for=0.0, then="ends")
+    cache = Cache(api, backoff=(0.05, 0.8), max_staleness=0.5)
+    cache.start()
+    try:
+        assert cache.wait_synced(5) and cache.ready()
+        wait_until(lambda: not cache.ready(), "stale", 5, interval=0.01)
+        status = cache.status()
+        assert cache.stale() and status["stale"] is True and status["ready"] is False, status
+        assert status["stalenessSeconds"] > 0.5 and status["synced"] is True, status
+        assert 1 <= len(api.watch_times) <= 6, len(api.watch_times)
+        wait_until(lambda: api.lists >= 2 and cache.ready(), "re-listed", 5, interval=0.01)
+    finally:
+        cache.stop()
