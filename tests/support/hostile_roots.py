@@ -108,10 +108,15 @@ def hostile(name: str) -> Callable[[Callable[[Path, str], None]], Callable[[Path
 
 
 def clear(path: Path) -> Path:
-    """``path`` with nothing there (what the image had is replaced), its parent made."""
-    if path.is_dir() and not path.is_symlink():
+    """``path`` with nothing there (what the image had is replaced), its parent made. Never follows
+    ``path`` itself: it may be a link an earlier change aimed out of the root."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and stat.S_ISDIR(mode):
         shutil.rmtree(path)
-    elif path.is_symlink() or path.exists():
+    elif mode is not None:
         path.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
