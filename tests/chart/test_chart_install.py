@@ -8,6 +8,10 @@ ServiceAccount — so the ``self`` certificate mode creates its Secret and patch
 exactly the chart's RBAC. A second install expresses the seed's config in the ``config`` value: a
 custom resource listed in its workloads reaches the webhook through the webhook registration the
 chart derives from them, and the objectSelector keeps opted-out pods away from it.
+
+The device plugin's node ValidatingAdmissionPolicy is enforced here too, the cheapest real
+apiserver there is: what a token of its ServiceAccount, bound to a pod on one node as the kubelet
+projects it, may write of Nodes.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import secrets
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ix_gpu.devicemodel import labels as node_labels
+from ix_gpu.kube import apiserver
+from ix_gpu.node.node_labels import NodeLabeler
 from tests.chart.rendering import find, render
 from tests.k8s.crds import LEGACY_TFJOB_CRD, install_crd
 from tests.k8s.k8s_tier import (
@@ -89,14 +95,14 @@ def _call(
     body: Any = None,
     content_type: str = "application/json",
     token: str | None = None,
+    agent: str | None = None,
 ) -> tuple[int, Any]:
+    """``agent``: the User-Agent, which names the field manager of a write without a fieldManager."""
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    request = urllib.request.Request(
-        api.url + path,
-        data=data,
-        method=method,
-        headers={"Authorization": f"Bearer {token or api.token}", "Content-Type": content_type},
-    )
+    headers = {"Authorization": f"Bearer {token or api.token}", "Content-Type": content_type}
+    if agent is not None:
+        headers["User-Agent"] = agent
+    request = urllib.request.Request(api.url + path, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, context=api.ssl_context(), timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -167,6 +173,35 @@ def _create_pod(api: KubeAPI, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
     status, body = _call(api, "POST", f"/api/v1/namespaces/{ns}/pods", obj)
     assert status == 201, body
     return dict(body)
+
+
+def _pod_token(api: KubeAPI, service_account: str, node: str) -> str:
+    """A token of ``service_account`` bound to a pod of it on ``node``, as the kubelet projects into
+    that pod: from Kubernetes 1.32 it names the node, which the chart's policies compare."""
+    name = f"{service_account}-on-{node}"
+    pod = _create_pod(
+        api,
+        NS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": service_account,
+                "nodeName": node,
+                "containers": [{"name": "agent", "image": "ix-gpu"}],
+            },
+        },
+    )
+    bound = {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": pod["metadata"]["uid"]}
+    status, body = _call(
+        api,
+        "POST",
+        f"/api/v1/namespaces/{NS}/serviceaccounts/{service_account}/token",
+        {"spec": {"boundObjectRef": bound, "expirationSeconds": 600}},
+    )
+    assert status == 201, body
+    return str(body["status"]["token"])
 
 
 def _namespace(api: KubeAPI, labels: dict[str, str] | None = None) -> str:
@@ -438,10 +473,13 @@ def _node(api: KubeAPI, name: str) -> None:
     assert status in (201, 409), body
 
 
-def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(kube_api: KubeAPI) -> None:
+def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(
+    kube_api: KubeAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The chart's node ValidatingAdmissionPolicy on the oldest supported apiserver: a token of the
     device plugin's ServiceAccount bound to a pod on n1 (as the pod's projected token is, naming
-    n1) may merge-patch n1's published labels, and nothing else of n1 or of any other node."""
+    n1) may merge-patch n1's published labels, and nothing else of n1 (its managedFields only as
+    those writes record them) or of any other node."""
     plugin = f"{RELEASE}-ix-gpu-plugin"
     objects = [
         o
@@ -463,42 +501,17 @@ def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(kube_a
     server_side_apply(kube_api, objects)
     for name in ("n1", "n2"):
         _node(kube_api, name)
-    pod = _create_pod(
-        kube_api,
-        NS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "plugin-on-n1"},
-            "spec": {
-                "serviceAccountName": plugin,
-                "nodeName": "n1",
-                "containers": [{"name": "plugin", "image": "ix-gpu"}],
-            },
-        },
-    )
-    status, body = _call(
-        kube_api,
-        "POST",
-        f"/api/v1/namespaces/{NS}/serviceaccounts/{plugin}/token",
-        {
-            "spec": {
-                "boundObjectRef": {
-                    "kind": "Pod",
-                    "apiVersion": "v1",
-                    "name": "plugin-on-n1",
-                    "uid": pod["metadata"]["uid"],
-                },
-                "expirationSeconds": 600,
-            }
-        },
-    )
-    assert status == 201, body
-    token = str(body["status"]["token"])
+    token = _pod_token(kube_api, plugin, "n1")
 
-    def patch(node: str, change: dict[str, Any]) -> tuple[int, Any]:
+    def patch(node: str, change: dict[str, Any], agent: str = PLUGIN_AGENT) -> tuple[int, Any]:
         return _call(
-            kube_api, "PATCH", f"/api/v1/nodes/{node}", change, "application/merge-patch+json", token=token
+            kube_api,
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            change,
+            "application/merge-patch+json",
+            token=token,
+            agent=agent,
         )
 
     def labels(values: dict[str, str | None]) -> dict[str, Any]:
@@ -523,7 +536,8 @@ def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(kube_a
     print("\n" + "\n".join(f"{what}: {status} {str(r)[:160]}" for what, (status, r) in refused.items()))
     assert "may change only that node" in str(refused["another node"][1])
     assert "may change only these labels" in str(refused["another label"][1])
-    # What the plugin really writes: every published label, set and then removed (null).
+    # What the plugin really writes, through its own client: every published label, set and then
+    # removed (null). Its field manager (its User-Agent) comes to own those labels, and no more.
     published = {
         "ix-gpu.io/gpu.product": "BI-V150",
         "ix-gpu.io/gpu.vendor": "iluvatar",
@@ -531,11 +545,70 @@ def test_the_plugins_token_may_change_only_its_own_nodes_published_labels(kube_a
         "ix-gpu.io/gpu.memory": "65536",
         "ix-gpu.io/gpu.replicas": "4",
     }
-    status, reply = patch("n1", labels(published))
-    assert status == 200, reply
-    assert reply["metadata"]["labels"] == {"team": "a", **published}
-    status, reply = patch("n1", labels(dict.fromkeys(published)))
-    assert status == 200 and reply["metadata"]["labels"] == {"team": "a"}, reply
+    monkeypatch.setattr(apiserver, "USER_AGENT", apiserver.USER_AGENT)
+    apiserver.identify("plugin")
+    labeler = NodeLabeler(apiserver.ApiServer(kube_api.url, token, str(kube_api.ca_path)), "n1")
+    assert labeler.publish(published), labeler.error
+    status, node = _call(kube_api, "GET", "/api/v1/nodes/n1")
+    assert node["metadata"]["labels"] == {"team": "a", **published}
+    entries = node["metadata"]["managedFields"]
+    (own,) = [e for e in entries if e["manager"] == PLUGIN_AGENT]
+    assert own["fieldsV1"] == {"f:metadata": {"f:labels": {f"f:{key}": {} for key in published}}}
+    _managed_fields_are_the_plugins_own(patch, entries, own)
+    # A published label that an operator set to another value is the operator's (the write would
+    # take it from that manager's entry), until the operator removes it (README, RBAC).
+    merge = "application/merge-patch+json"
+    for value, plugin_may in (("2", False), (None, True)):
+        change = labels({"ix-gpu.io/gpu.count": value})
+        status, reply = _call(kube_api, "PATCH", "/api/v1/nodes/n1", change, merge, agent="kubectl-label")
+        assert status == 200, reply
+        assert labeler.publish(published) is plugin_may, labeler.error
+    assert labeler.publish({}), labeler.error
+    status, node = _call(kube_api, "GET", "/api/v1/nodes/n1")
+    assert node["metadata"]["labels"] == {"team": "a"}, node
+
+
+PLUGIN_AGENT = "ix-gpu-plugin"
+"""The device plugin's User-Agent (``ix-gpu plugin``), which names its field manager."""
+
+
+def _managed_fields_are_the_plugins_own(
+    patch: Callable[..., tuple[int, Any]], entries: list[dict[str, Any]], own: dict[str, Any]
+) -> None:
+    """With the plugin's token, n1's managedFields may change only as its own label writes change
+    them: another manager's entry is not rewritten, dropped or added, and its own entry neither
+    claims more than the published labels nor grows without bound."""
+    others = [e for e in entries if e is not own]
+    assert others and all(e["manager"] != PLUGIN_AGENT for e in others)
+    theirs = copy.deepcopy(others)
+    theirs[0]["fieldsV1"]["f:metadata"]["f:labels"].pop("f:team")  # nobody owns team any more
+    bigger = copy.deepcopy(own)
+    bigger["fieldsV1"]["f:metadata"]["f:labels"].update({f"f:x{i:04}": {} for i in range(2000)})
+    spec = copy.deepcopy(own)
+    spec["fieldsV1"]["f:spec"] = {"f:unschedulable": {}}
+    applied = {**copy.deepcopy(own), "operation": "Apply"}
+
+    def fields(forged: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"metadata": {"managedFields": forged}}
+
+    refused = {
+        "another manager's entry rewritten": patch("n1", fields([*theirs, own])),
+        "another manager's entry dropped": patch("n1", fields([own])),
+        "every entry cleared": patch("n1", fields([{}])),
+        "a published label under another manager": patch(
+            "n1", {"metadata": {"labels": {"ix-gpu.io/gpu.count": "9"}}}, agent="kubectl-label"
+        ),
+        "its own entry grown": patch("n1", fields([*others, bigger])),
+        "its own entry claiming the spec": patch("n1", fields([*others, spec])),
+        "a second entry of its own": patch("n1", fields([*others, own, applied])),
+    }
+    print("\n" + "\n".join(f"{what}: {status} …{str(r)[-230:]}" for what, (status, r) in refused.items()))
+    for what, (status, reply) in refused.items():
+        assert status in (403, 422), (what, status, reply)
+    for what in ("another manager's entry rewritten", "a published label under another manager"):
+        assert "may not change another manager's managedFields" in str(refused[what][1]), what
+    for what in ("its own entry grown", "its own entry claiming the spec"):
+        assert "managedFields entry (ix-gpu-plugin) may record only these labels" in str(refused[what][1])
 
 
 def test_the_chart_policy_names_exactly_the_labels_the_plugin_publishes() -> None:

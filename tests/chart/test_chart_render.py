@@ -941,6 +941,27 @@ def test_plugin_labels_nodes_by_default_with_patch_on_nodes_only() -> None:
     assert not parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"])).labels.enabled
 
 
+def test_the_node_policy_lets_only_the_plugins_own_managed_fields_entry_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The node policy keeps every other manager's managedFields entry as it was, and lets the one
+    of the manager the plugin writes as change: the name the apiserver gives a request without a
+    fieldManager, its User-Agent up to the first ``/`` (the real apiserver enforces it in
+    tests/chart/test_chart_install.py)."""
+    from ix_gpu.kube import apiserver
+
+    monkeypatch.setattr(apiserver, "USER_AGENT", apiserver.USER_AGENT)
+    apiserver.identify("plugin")  # what `ix-gpu plugin` calls first
+    policy = find(render(), "ValidatingAdmissionPolicy", f"{PLUGIN}-nodes")["spec"]
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert json.loads(variables["manager"]) == apiserver.USER_AGENT.split("/")[0] == "ix-gpu-plugin"
+    expressions = [v["expression"] for v in policy["validations"]]
+    others = [e for e in expressions if "!= variables.manager" in e]
+    assert len(others) == 1 and "variables.oldManaged" in others[0]
+    (own,) = [e for e in expressions if e.startswith("variables.own ==")]
+    assert "size(variables.own) <= 1" in own and "in variables.published" in own
+
+
 # --------------------------------------------------------------------------- device plugin
 
 
