@@ -3,12 +3,14 @@ and the device plugin told to yield (--dra-driver, the rights that check needs).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import cel
 import pytest
 
 from ix_gpu.cli import build_parser
+from ix_gpu.dra.slices import MAX_COUNTER_SLICES, counter_slice_name
 from tests.chart.rendering import KUBE_VERSIONS, HelmError, find, lint, render
 from tests.support.k8s_schema import validate
 
@@ -142,6 +144,22 @@ def test_slice_policy_binds_the_dra_service_account_and_checks_node_and_driver()
     assert "variables.userNodeName" in expressions and 'spec.driver == "gpu.iluvatar.com"' in expressions
     binding = find(objects, "ValidatingAdmissionPolicyBinding", f"{DRA}-resourceslices")["spec"]
     assert binding == {"policyName": f"{DRA}-resourceslices", "validationActions": ["Deny"]}
+
+
+def test_slice_policy_bounds_the_counter_slices_as_the_plugin_looks_for_them() -> None:
+    """Counter slices ``-counters-0`` to ``-counters-15``, spelled as the plugin spells them, the
+    ones it looks for when it cleans up (``MAX_COUNTER_SLICES``): a bound a stolen token cannot
+    pass, and no name the plugin would leave behind. A counter slice lists no devices. The
+    apiserver's verdicts: tests/chart/test_chart_install.py."""
+    policy = find(render(ON), "ValidatingAdmissionPolicy", f"{DRA}-resourceslices")["spec"]
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    indexes = json.loads(variables["counterIndexes"])
+    assert indexes == [str(k) for k in range(MAX_COUNTER_SLICES)]
+    assert counter_slice_name("n1", "gpu.iluvatar.com", 0) == f"n1-gpu.iluvatar.com-counters-{indexes[0]}"
+    expressions = [v["expression"] for v in policy["validations"]]
+    assert any("in variables.counterIndexes" in e for e in expressions)
+    (devices,) = [e for e in expressions if "spec.?devices" in e]
+    assert devices.startswith('request.operation == "DELETE" || !variables.isCounters ||')
 
 
 def test_dra_daemonset_runs_only_on_dra_nodes_with_same_path_mounts() -> None:

@@ -9,9 +9,9 @@ exactly the chart's RBAC. A second install expresses the seed's config in the ``
 custom resource listed in its workloads reaches the webhook through the webhook registration the
 chart derives from them, and the objectSelector keeps opted-out pods away from it.
 
-The device plugin's node ValidatingAdmissionPolicy is enforced here too, the cheapest real
-apiserver there is: what a token of its ServiceAccount, bound to a pod on one node as the kubelet
-projects it, may write of Nodes.
+The node agents' ValidatingAdmissionPolicies are enforced here too, the cheapest real apiserver
+there is: what a token of the device plugin or of the DRA plugin, bound to a pod on one node as
+the kubelet projects it, may write of Nodes and ResourceSlices.
 """
 
 from __future__ import annotations
@@ -609,6 +609,99 @@ def _managed_fields_are_the_plugins_own(
         assert "may not change another manager's managedFields" in str(refused[what][1]), what
     for what in ("its own entry grown", "its own entry claiming the spec"):
         assert "managedFields entry (ix-gpu-plugin) may record only these labels" in str(refused[what][1])
+
+
+def test_the_dra_plugins_token_may_write_a_bounded_set_of_counter_slices_without_devices(
+    kube_api: KubeAPI,
+) -> None:
+    """The chart's ResourceSlice policy on the oldest supported apiserver: a token of the DRA
+    plugin's ServiceAccount bound to a pod on d1 may write d1's slices under the plugin's names,
+    the counter slices ``-counters-0`` to ``-counters-15`` only (no ``-counters-16``, no other
+    spelling of an index), and those with no devices; it may delete them."""
+    dra = f"{RELEASE}-ix-gpu-dra"
+    objects = [
+        o
+        for o in render({"dra": {"enabled": True}})
+        if (
+            o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+            and o["metadata"]["name"] == dra
+        )
+        or (
+            o["kind"].startswith("ValidatingAdmissionPolicy")
+            and o["metadata"]["name"] == f"{dra}-resourceslices"
+        )
+    ]
+    assert len(objects) == 5, [(o["kind"], o["metadata"]["name"]) for o in objects]
+    _ensure_namespace(kube_api, NS)
+    server_side_apply(kube_api, objects)
+    for name in ("d1", "d2"):
+        _node(kube_api, name)
+    token = _pod_token(kube_api, dra, "d1")
+    driver = "gpu.iluvatar.com"
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+
+    def body(name: str, node: str = "d1", devices: int = 0) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 2},
+        }
+        if devices:
+            spec["devices"] = [{"name": f"gpu-{i}"} for i in range(devices)]
+        else:  # dropped by an apiserver without DRAPartitionableDevices (1.35's default)
+            spec["sharedCounters"] = [{"name": "board-0", "counters": {"chip-0": {"value": "1"}}}]
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    def write(method: str, name: str, obj: dict[str, Any] | None = None) -> tuple[int, Any]:
+        path = slices if method == "POST" else f"{slices}/{name}"
+        return _call(kube_api, method, path, obj, token=token)
+
+    counters = f"d1-{driver}-counters-"
+    # The policy applies once the apiserver's policy informer has it: until another node is refused.
+    wait_until(lambda: write("POST", "", body(f"d2-{driver}", "d2"))[0] in (403, 422), "policy in force", 30)
+    for name in (f"d1-{driver}", f"{counters}0", f"{counters}15"):
+        status, reply = write("POST", name, body(name))
+        assert status == 201, (name, reply)
+    refused = {
+        "counters-16": write("POST", "", body(f"{counters}16")),
+        "counters-01": write("POST", "", body(f"{counters}01")),
+        "counters-100": write("POST", "", body(f"{counters}100")),
+        "a new counter slice with devices": write("POST", "", body(f"{counters}1", devices=2)),
+        "devices put into a counter slice": write(
+            "PUT",
+            f"{counters}0",
+            _with_version(kube_api, f"{slices}/{counters}0", body(f"{counters}0", devices=1)),
+        ),
+    }
+    print("\n" + "\n".join(f"{what}: {status} …{str(r)[-230:]}" for what, (status, r) in refused.items()))
+    for what, (status, reply) in refused.items():
+        assert status in (403, 422), (what, status, reply)
+    for what in ("counters-16", "counters-01", "counters-100"):
+        assert "-counters-<k>, k below 16" in str(refused[what][1]), what
+    for what in ("a new counter slice with devices", "devices put into a counter slice"):
+        assert "may list shared counters only, no devices" in str(refused[what][1]), what
+    # The devices slice keeps its devices; the counter slices it may delete.
+    status, reply = write(
+        "PUT",
+        f"d1-{driver}",
+        _with_version(kube_api, f"{slices}/d1-{driver}", body(f"d1-{driver}", devices=3)),
+    )
+    assert status == 200, reply
+    for name in (f"{counters}0", f"{counters}15", f"d1-{driver}"):
+        status, reply = write("DELETE", name)
+        assert status == 200, (name, reply)
+
+
+def _with_version(api: KubeAPI, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as a replacement of what ``path`` holds now (its resourceVersion)."""
+    status, stored = _call(api, "GET", path)
+    assert status == 200, stored
+    return {**obj, "metadata": {**obj["metadata"], "resourceVersion": stored["metadata"]["resourceVersion"]}}
 
 
 def test_the_chart_policy_names_exactly_the_labels_the_plugin_publishes() -> None:
