@@ -1,18 +1,22 @@
 """The device plugin's configuration: the vendor ConfigMap's keys verbatim, NVIDIA's format, and ours.
 
-Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key holds::
+Operators already run Iluvatar's plugin with a ConfigMap whose ``ix-config`` key holds (4.4's
+manifests, with ``usevolcano: true`` in the Volcano one; ``sharing`` where they share chips)::
 
+    resourceName: "iluvatar.com/gpu"
     flags:
       splitboard: false
+      usevolcano: false
+      reset_gpu: false
     sharing:
       timeSlicing:
         replicas: 4
 
 That document must load unchanged, so the Iluvatar device plugin's keys keep their spelling
-(``splitboard`` is one lowercase word, not ``splitBoard``). Our additions live under clearly named
-keys next to them and all have defaults, so a vendor file never needs them. Unknown keys are errors
-naming the key (and, for a file, its line): a typo such as ``replica: 4`` silently ignored would
-advertise 1 device where 4 were meant.
+(``splitboard`` is one lowercase word, ``reset_gpu`` has an underscore). Our additions live under
+clearly named keys next to them and all have defaults, so a vendor file never needs them. Unknown
+keys are errors naming the key (and, for a file, its line): a typo such as ``replica: 4`` silently
+ignored would advertise 1 device where 4 were meant.
 
 Operators coming from NVIDIA's k8s-device-plugin bring its ``api/config/v1`` file instead::
 
@@ -39,11 +43,18 @@ because accepting them would fail the workload later, far from the cause.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ix_gpu.config.input_files import CONFIG_MAX_BYTES, read_capped
+from ix_gpu.config.plugin_flags import (
+    NVIDIA_DEVICE_LIST_STRATEGIES,
+    VENDOR_FLAGS,
+    Flags,
+    NvidiaGfdFlags,
+    NvidiaPluginFlags,
+)
 from ix_gpu.config.plugin_runtime import (
     SHARED_SUFFIX,
     DeviceIdStrategy,
@@ -64,98 +75,8 @@ key ``ix-config``)."""
 
 NVIDIA_CONFIG_VERSION = "v1"
 
-NVIDIA_DEVICE_LIST_STRATEGIES = {"envvar": DeviceListStrategy.ENVVAR, "cdi-cri": DeviceListStrategy.CDI}
-"""NVIDIA's ``flags.plugin.deviceListStrategy`` values we serve, and what they mean here."""
-
-
 NVIDIA_ALLOCATION_POLICY = {"distributed": ReplicaPolicy.SPREAD, "packed": ReplicaPolicy.PACK}
 """``flags.plugin.sharedDevicesAllocationPolicy`` → ``allocation.replicaPolicy``."""
-
-
-# -- flags ------------------------------------------------------------------------------------------
-
-
-class NvidiaPluginFlags(StrictModel):
-    """NVIDIA's ``flags.plugin``: settings of its device plugin proper."""
-
-    pass_device_specs: bool | None = None
-    device_list_strategy: str | list[str] | None = None
-    device_id_strategy: DeviceIdStrategy | None = Field(default=None, alias="deviceIDStrategy")
-    cdi_annotation_prefix: str | None = None
-    nvidia_ctk_path: str | None = Field(default=None, alias="nvidiaCTKPath")
-    container_driver_root: str | None = None
-    shared_devices_allocation_policy: Literal["distributed", "packed"] | None = None
-
-    @field_validator("device_list_strategy")
-    @classmethod
-    def _known_strategies(cls, value: str | list[str] | None) -> str | list[str] | None:
-        strategies = [value] if isinstance(value, str) else value or []
-        others = [s for s in strategies if s not in NVIDIA_DEVICE_LIST_STRATEGIES]
-        if others or (value is not None and not strategies):
-            raise ValueError(
-                f"only {' and '.join(map(repr, NVIDIA_DEVICE_LIST_STRATEGIES))} are supported (the "
-                f"visible-devices variable is always set), got {shown(others[0] if others else value)}"
-            )
-        return value
-
-    @property
-    def list_strategy(self) -> DeviceListStrategy | None:
-        """Ours for theirs: CDI when ``cdi-cri`` is among them (the variable is always set)."""
-        if self.device_list_strategy is None:
-            return None
-        strategies = (
-            [self.device_list_strategy]
-            if isinstance(self.device_list_strategy, str)
-            else self.device_list_strategy
-        )
-        return DeviceListStrategy.CDI if "cdi-cri" in strategies else DeviceListStrategy.ENVVAR
-
-
-class NvidiaGfdFlags(StrictModel):
-    """NVIDIA's ``flags.gfd``: settings of gpu-feature-discovery, which reads the same file."""
-
-    oneshot: bool | None = None
-    no_timestamp: bool | None = None
-    sleep_interval: str | int | float | None = None
-    output_file: str | None = None
-    machine_type_file: str | None = None
-
-
-class Flags(StrictModel):
-    splitboard: bool = False
-    """True: every chip is a device. False (vendor default): one device per board."""
-
-    # NVIDIA's flags (api/config/v1 ``Flags``); what each does here is in docs/configuration.md's table.
-    mig_strategy: str | None = None
-    fail_on_init_error: bool | None = None
-    nvidia_driver_root: str | None = None
-    nvidia_dev_root: str | None = None
-    mps_root: str | None = None
-    gdrcopy_enabled: bool | None = None
-    gds_enabled: bool | None = None
-    mofed_enabled: bool | None = None
-    use_node_feature_api: bool | None = Field(default=None, alias="useNodeFeatureAPI")
-    device_discovery_strategy: str | None = None
-    plugin: NvidiaPluginFlags | None = None
-    gfd: NvidiaGfdFlags | None = None
-
-    @field_validator("mig_strategy")
-    @classmethod
-    def _no_mig(cls, value: str | None) -> str | None:
-        if value is None or value == "none":
-            return value
-        if value in ("single", "mixed"):
-            raise ValueError(f"MIG is not supported by ix-gpu: only 'none' is accepted, got {shown(value)}")
-        raise ValueError(f"unknown MIG strategy {shown(value)}: only 'none' is accepted")
-
-    @field_validator("gdrcopy_enabled", "gds_enabled", "mofed_enabled")
-    @classmethod
-    def _no_extra_devices(cls, value: bool | None) -> bool | None:
-        # NVIDIA then adds GDRCopy/GDS/MOFED device nodes to every container; a pod that relies on
-        # them would fail at run time here, far from this file.
-        if value:
-            raise ValueError("ix-gpu does not inject these devices: only false is accepted")
-        return value
 
 
 # -- the rest of ours -------------------------------------------------------------------------------
@@ -195,6 +116,14 @@ class Labels(StrictModel):
     """Publish product/count/memory/replicas node labels (needs RBAC to patch the node)."""
 
 
+class GpuReset(StrictModel):
+    """Ours, beside ``flags.reset_gpu``: how a reset is bounded."""
+
+    timeout_seconds: float = Field(default=60.0, gt=0, le=600)
+    """A reset that has not finished by then fails the allocation (the tool is killed). Resetting
+    a chip takes a few seconds; the kubelet waits for Allocate without a bound of its own."""
+
+
 class NvidiaResourcePattern(StrictModel):
     pattern: str
     name: str
@@ -224,6 +153,7 @@ class PluginConfig(StrictModel):
     cdi: Cdi = Field(default_factory=Cdi)
     allocation: Allocation = Field(default_factory=Allocation)
     labels: Labels = Field(default_factory=Labels)
+    gpu_reset: GpuReset = Field(default_factory=GpuReset)
     imex: Any = None
     """NVIDIA's IMEX channels (multi-node NVLink): refused."""
 
@@ -241,6 +171,18 @@ class PluginConfig(StrictModel):
     def _qualified(cls, value: str | None) -> str | None:
         if value is not None and (problem := resource_name_problem(value, bare=False)):
             raise ValueError(problem)
+        return value
+
+    @field_validator("sharing")
+    @classmethod
+    def _no_reset_of_shared_chips(cls, value: Sharing, info: ValidationInfo) -> Sharing:
+        flags = info.data.get("flags")
+        slicing = value.time_slicing
+        if isinstance(flags, Flags) and flags.reset_gpu and (slicing.replicas > 1 or slicing.resources):
+            raise ValueError(
+                "time-slicing shares each chip among pods, and flags.reset_gpu: true would reset a chip "
+                "under the pods already on it whenever another is given a replica: use one or the other"
+            )
         return value
 
     @field_validator("imex")
@@ -375,6 +317,9 @@ class PluginConfig(StrictModel):
             cdi_driver_root=self.cdi.driver_root,
             replica_policy=self.allocation.replica_policy,
             labels_enabled=self.labels.enabled,
+            usevolcano=self.flags.usevolcano,
+            reset_gpu=self.flags.reset_gpu,
+            reset_timeout_seconds=self.gpu_reset.timeout_seconds,
             notices=self.notices(),
         )
 
@@ -398,6 +343,18 @@ def parse_plugin_yaml(content: bytes | str, source: str) -> PluginConfig:
     return parse_yaml(PluginConfig, content, source)
 
 
+def with_vendor_flags(config: PluginConfig, overrides: dict[str, bool], source: str) -> PluginConfig:
+    """``config`` with the Iluvatar flags given on the command line or in the environment
+    (:data:`VENDOR_FLAGS`), which win over the file's; validated again, so a flag that contradicts
+    the file (``--reset_gpu`` with replicas) is an error naming both."""
+    if not overrides:
+        return config
+    document = config.model_dump(by_alias=True, exclude_unset=True, warnings=False)
+    document.setdefault("flags", {}).update(overrides)
+    given = ", ".join(f"{key}={str(value).lower()}" for key, value in sorted(overrides.items()))
+    return parse_plugin_config(document, f"{source} with the flags {given}")
+
+
 def load_plugin_config(path: str | Path) -> PluginConfig:
     """Load ``path``; every failure is a :class:`ConfigError` naming the file and the field."""
     return parse_plugin_yaml(read_capped(path, CONFIG_MAX_BYTES), str(path))
@@ -409,12 +366,14 @@ __all__ = [
     "NVIDIA_CONFIG_VERSION",
     "NVIDIA_DEVICE_LIST_STRATEGIES",
     "SHARED_SUFFIX",
+    "VENDOR_FLAGS",
     "Allocation",
     "Cdi",
     "DeviceIdStrategy",
     "DeviceListStrategy",
     "DeviceSelection",
     "Flags",
+    "GpuReset",
     "Health",
     "Labels",
     "NvidiaGfdFlags",
@@ -430,4 +389,5 @@ __all__ = [
     "parse_plugin_yaml",
     "qualify",
     "resource_name_problem",
+    "with_vendor_flags",
 ]

@@ -89,5 +89,10 @@ class RuntimeConfig:
     cdi_driver_root: str | None
     replica_policy: ReplicaPolicy
     labels_enabled: bool
+    usevolcano: bool
+    """Bind the chips Volcano's scheduler wrote on the pod instead of the kubelet's choice."""
+    reset_gpu: bool
+    """Reset an allocation's chips before the pod gets them."""
+    reset_timeout_seconds: float
     notices: tuple[str, ...]
     """Accepted settings that change nothing here (NVIDIA keys), one line each, for the log."""

@@ -172,6 +172,21 @@ class Sharing(StrictModel):
     mps: Any = None
     """NVIDIA's MPS sharing: refused, it needs NVIDIA's MPS control daemon."""
 
+    @field_validator("time_slicing", mode="before")
+    @classmethod
+    def _shares_something(cls, value: Any) -> Any:
+        # As NVIDIA's plugin: a timeSlicing that names nothing to share is a mistake (a key lost in
+        # an edit), not "no sharing"; omit the section for that.
+        names_nothing = isinstance(value, dict) and (
+            value.get("resources") == [] or ("replicas" not in value and not value.get("resources"))
+        )
+        if names_nothing:
+            raise ValueError(
+                "no resources specified: give replicas (the Iluvatar plugin's form) or a non-empty "
+                "resources list (NVIDIA's); leave timeSlicing out for no sharing"
+            )
+        return value
+
     @field_validator("mps")
     @classmethod
     def _no_mps(cls, value: Any) -> None:

@@ -54,11 +54,56 @@ def add_device_flags(parser: argparse.ArgumentParser, config_applies: str = "", 
         help="with a config directory: the config for nodes without the label (default: the one named "
         "'default', else the only one)",
     )
+    _add_vendor_flags(parser)
     parser.add_argument("--backend", choices=BACKENDS, default="auto", help="device discovery (default auto)")
     parser.add_argument("--fake-devices", metavar="FILE", help="YAML device description for --backend fake")
     parser.add_argument(
         "--root", metavar="DIR", default="/", help="host root for /dev and /sys (devfs/ixml/nvml), default /"
     )
+
+
+VENDOR_FLAGS = {"splitboard": "SPLIT_BOARD", "usevolcano": "USE_VOLCANO", "reset_gpu": "RESET_GPU"}
+# = ix_gpu.config.plugin_flags.VENDOR_FLAGS, without pydantic
+_VENDOR_FLAG_HELP = {
+    "splitboard": "every chip a device (true) or one device per board",
+    "usevolcano": "bind the chips Volcano's scheduler chose (iluvatar.com/DevVolcano)",
+    "reset_gpu": "reset an allocation's chips before the pod gets them",
+}
+_GO_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_GO_FALSE = ("", "0", "f", "F", "FALSE", "false", "False")
+
+
+def vendor_bool(text: str) -> bool:
+    """A boolean as the Iluvatar plugin parses its flags and variables (Go's ``strconv.ParseBool``,
+    where an empty variable means false)."""
+    if text in _GO_TRUE:
+        return True
+    if text in _GO_FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _add_vendor_flags(parser: argparse.ArgumentParser) -> None:
+    """The Iluvatar plugin's ``flags`` as flags and variables of their own (its spelling, its
+    variables: a DaemonSet migrated from it keeps them); they win over the ix-config's."""
+    for key, variable in VENDOR_FLAGS.items():
+        action = parser.add_argument(
+            f"--{key}",
+            dest=key,
+            type=vendor_bool,
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="BOOL",
+            help=f"flags.{key} of the ix-config, overriding it: {_VENDOR_FLAG_HELP[key]} "
+            "(default: the ix-config's)",
+        )
+        set_env_name(action, variable)
+
+
+def vendor_overrides(args: argparse.Namespace) -> dict[str, bool]:
+    """The Iluvatar flags given on the command line or in the environment."""
+    return {key: getattr(args, key) for key in VENDOR_FLAGS if getattr(args, key, None) is not None}
 
 
 def add_kubeconfig_flag(parser: argparse.ArgumentParser, needed_for: str) -> None:
@@ -121,18 +166,19 @@ def chosen_config(directory: Path, label: str | None, default: str | None) -> Pa
     return names[choice.name]
 
 
-def load_config(path: Path | None) -> LoadedConfig:
-    """The ix-config's runtime form, validated in a child (:mod:`ix_gpu.node.config_loader`).
-    ``path`` None: :data:`DEFAULT_CONFIG` when it exists, else the built-in defaults."""
+def load_config(path: Path | None, overrides: dict[str, bool] | None = None) -> LoadedConfig:
+    """The ix-config's runtime form, validated in a child (:mod:`ix_gpu.node.config_loader`), with
+    the vendor flags ``overrides`` applied. ``path`` None: :data:`DEFAULT_CONFIG` when it exists,
+    else the built-in defaults."""
     from ix_gpu.config.input_files import CONFIG_MAX_BYTES, ConfigError, read_capped
     from ix_gpu.node.config_loader import DEFAULTS_SOURCE, load_runtime_config
 
     try:
         if path is None and not Path(DEFAULT_CONFIG).exists():
-            return LoadedConfig(load_runtime_config(None, DEFAULTS_SOURCE), None, None)
+            return LoadedConfig(load_runtime_config(None, DEFAULTS_SOURCE, overrides), None, None)
         path = path or Path(DEFAULT_CONFIG)
         content = read_capped(path, CONFIG_MAX_BYTES)
-        return LoadedConfig(load_runtime_config(content, str(path)), path, content)
+        return LoadedConfig(load_runtime_config(content, str(path), overrides), path, content)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
 
@@ -214,7 +260,8 @@ def start_node(
             reader = _node_config_reader(api, kind.node_name, config_dir, log)
             label = reader.value() if reader is not None else None
             path = chosen_config(config_dir, label, args.default_config) if config_dir else None
-            loading = pool.submit(load_config, path or (Path(args.config) if args.config else None))
+            given = path or (Path(args.config) if args.config else None)
+            loading = pool.submit(load_config, given, vendor_overrides(args))
             import_server()
             loaded = loading.result()
             if api is None and kind.api_for is not None and kind.api_for(loaded.config):

@@ -16,6 +16,7 @@ from ix_gpu.node.agent import (
     connect,
     load_config,
     start_backend,
+    vendor_overrides,
 )
 from ix_gpu.process.usage import UsageError
 
@@ -43,7 +44,7 @@ def _discover(args: argparse.Namespace, command: str) -> Discovered | None:
     path = Path(args.config) if args.config else None
     if config_dir is not None:  # no node to read a label from: the default config
         path = chosen_config(config_dir, None, args.default_config)
-    config = load_config(path).config
+    config = load_config(path, vendor_overrides(args)).config
     try:
         backend = start_backend(args)
     except BackendError as exc:

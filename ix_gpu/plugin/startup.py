@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ix_gpu.node.agent import AgentKind, NodeStart, start_node
+from ix_gpu.node.agent import AgentKind, NodeStart, start_node, vendor_overrides
 from ix_gpu.process.usage import UsageError
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ def _serve(args: argparse.Namespace, started: NodeStart, directory: Path, node_n
         telemetry_interval=args.telemetry_interval,
         pod_resources_socket=Path(args.pod_resources_socket) if args.pod_resources_socket else None,
         dra_driver=args.dra_driver,
+        vendor_overrides=vendor_overrides(args),
     )
 
     async def main() -> int:

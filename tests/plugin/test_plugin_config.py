@@ -121,7 +121,7 @@ def test_the_plugin_validates_its_config_once_at_start(
     monkeypatch.setattr(
         config_loader,
         "load_runtime_config",
-        lambda content, source: loads.append(source) or real_load(content, source),
+        lambda content, source, overrides=None: loads.append(source) or real_load(content, source, overrides),
     )
     connects: list[str | None] = []
     real_connect = agent.connect

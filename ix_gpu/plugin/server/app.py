@@ -88,6 +88,7 @@ class PluginApp:
             reader=settings.node_config,
             default=settings.default_config,
             record=lambda result: self.metrics.config_reloads.labels(result=result).inc(),
+            overrides=settings.vendor_overrides,
         )
         self._chips: list[Chip] = []
         self.state = DeviceState(self._snapshot(build_device_list([], splitboard=False, replicas=1)))

@@ -35,6 +35,7 @@ class ConfigFollower:
         reader: NodeLabelReader | None,
         default: str | None,
         record: Callable[[str], None],
+        overrides: dict[str, bool] | None = None,
     ) -> None:
         """``loaded_content``: the bytes the config in use came from, when the caller read them
         (then the first poll changes nothing); ``record`` counts each reload's result."""
@@ -44,6 +45,7 @@ class ConfigFollower:
         self._reader = reader
         self._default = default
         self._record = record
+        self._overrides = overrides or {}
         self._file = self._watch(path, loaded_content) if path is not None else None
         self._choice_problem: str | None = None
 
@@ -51,7 +53,7 @@ class ConfigFollower:
         return LastGoodFiles(
             "config",
             [path],
-            lambda contents: load_runtime_config(contents[0], str(path)),
+            lambda contents: load_runtime_config(contents[0], str(path), self._overrides),
             loaded=[loaded_content] if loaded_content is not None else None,
             record=self._record,
             logger=log,

@@ -42,3 +42,6 @@ class PluginSettings:
     (:mod:`.pod_resources`); None: chips are shown without their pods."""
     dra_driver: str | None = None
     """The DRA driver whose claims' devices on this node are ours (for attribution)."""
+    vendor_overrides: dict[str, bool] | None = None
+    """The Iluvatar flags given on the command line or in the environment; they win over every
+    config the plugin reads, at start and on reload."""
