@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +49,7 @@ from ix_gpu.dra.slices import SlicePublisher
 from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.allocator import NodeFacts, Verdict, dra_verdict
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
+from ix_gpu.node.gpu_reset import ChipResetter, ResetFailed
 from ix_gpu.node.node_config import FIRST_ANSWER_WAIT, NodeLabelReader, choose, named_configs
 from ix_gpu.process.backoff import Backoff
 from ix_gpu.process.supervision import Supervised, supervise
@@ -98,6 +100,9 @@ class DraSettings:
     """Port of /healthz and /metrics (None: not served)."""
     metrics_host: str = "::"
     """Where they listen; ``::``: both IP families (:func:`ix_gpu.serving.guarded_http.listen_socket`)."""
+    reset_timeout: float | None = None
+    """``flags.reset_gpu``: a new claim's chips are reset within this many seconds
+    (``gpuReset.timeoutSeconds``) before it is prepared; None: no reset."""
 
     @property
     def dra_socket(self) -> Path:
@@ -144,9 +149,11 @@ class DraApp:
             control_nodes=backend.control_nodes,
             driver_root=settings.driver_root,
             refusal=lambda: None if self.allocation.allowed else self.allocation.reason,
+            reset=self._reset_chips if settings.reset_timeout is not None else None,
         )
         self.registration = RegistrationServicer(settings.driver, str(settings.dra_socket))
         self.metrics = DraMetrics()
+        self.resetter = ChipResetter(backend, record=self.metrics.record_reset)
         self.http_server: asyncio.Server | None = None
         """/healthz and /metrics, while serving (``metrics_port``)."""
         self.health_reports = HealthReports(settings.node, settings.health_interval)
@@ -176,6 +183,16 @@ class DraApp:
         await server.start(path=str(path))
         self._servers.append((server, path))
         log.info("serving %s on %s", ", ".join(type(h).__name__ for h in handlers), path)
+
+    def _reset_chips(self, chips: Sequence[Chip]) -> None:
+        """Reset a claim's chips (blocking: prepare runs in a worker thread); the slice is brought
+        up to date at once when a chip came back as another."""
+        assert self.settings.reset_timeout is not None
+        try:
+            self.resetter.reset(chips, self.settings.reset_timeout)
+        except ResetFailed:
+            self.refresh()
+            raise
 
     async def _refresh(self) -> None:
         """:meth:`refresh` in a worker thread, then its health to the kubelet's health streams."""

@@ -44,6 +44,7 @@ FailureReason = Literal[
     "other_pool",
     "no_device",
     "cdi",
+    "reset",
     "write",
     "internal",
 ]
@@ -58,6 +59,8 @@ FailureReason = Literal[
 * ``other_pool``: a device of ours allocated from another node's pool;
 * ``no_device``: an allocated device this node does not have now;
 * ``cdi``: the devices make no valid CDI spec;
+* ``reset``: ``flags.reset_gpu`` is on and the chips' reset failed, or a chip came back with another
+  UUID, or a chip is prepared for another claim;
 * ``write``: the CDI spec or the checkpoint could not be written (or removed);
 * ``internal``: anything else, a bug: logged with its traceback.
 """

@@ -239,6 +239,7 @@ def run_dra(args: argparse.Namespace) -> int:
         config_label=started.label,
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
+        reset_timeout=config.reset_timeout_seconds if config.reset_gpu else None,
     )
     if problems := settings.socket_problems():
         backend.close()

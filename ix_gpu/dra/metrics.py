@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ix_gpu.dra.claims import FAILURE_REASONS, UNPREPARE_FAILURE_REASONS
+from ix_gpu.node.gpu_reset import RESET_CHANGED, RESET_FAILED, RESET_OK
 from ix_gpu.serving.text_metrics import Counter, Family, Gauge, Histogram, render
 
 RESULTS = ("success", "error")
@@ -53,6 +54,14 @@ class DraMetrics:
             "Claims NodeUnprepareResources failed to unprepare, by reason (each is also an unprepares error)",
             ["reason"],
         )
+        self.gpu_resets = Counter(
+            "ix_gpu_dra_gpu_resets",
+            "GPU resets of a new claim's chips (flags.reset_gpu), by result: ok, failed (the claim "
+            "was not prepared), changed (a chip came back with another UUID; not prepared)",
+            ["result"],
+        )
+        for result in (RESET_OK, RESET_FAILED, RESET_CHANGED):
+            self.gpu_resets.labels(result=result)
         for result in RESULTS:
             self.prepares.labels(result=result)
             self.unprepares.labels(result=result)
@@ -60,6 +69,12 @@ class DraMetrics:
             self.prepare_failures.labels(reason=reason)
         for reason in UNPREPARE_FAILURE_REASONS:
             self.unprepare_failures.labels(reason=reason)
+
+
+    def record_reset(self, result: str, seconds: float) -> None:
+        """:class:`ix_gpu.node.gpu_reset.ChipResetter`'s record (the reset's time is in the
+        claim's prepare duration)."""
+        self.gpu_resets.labels(result=result).inc()
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,7 @@ def render_metrics(metrics: DraMetrics, state: DraState) -> bytes:
         metrics.unprepares,
         metrics.unprepare_failures,
         metrics.prepare_seconds,
+        metrics.gpu_resets,
         api_errors,
         crashes,
     )

@@ -32,8 +32,10 @@ from ix_gpu.devicemodel.vendors import Vendor
 from ix_gpu.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from ix_gpu.dra.claims import ClaimError, ClaimRef, allocated
 from ix_gpu.dra.devices import DraDevice
+from ix_gpu.node.backends.base import Chip
 from ix_gpu.node.devices.cdi import CdiError, cdi_spec, qualified_name, write_spec
 from ix_gpu.node.devices.device_list import Device, DeviceList
+from ix_gpu.node.gpu_reset import ResetFailed
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,10 @@ class Preparer:
     driver_root: str | None = None
     refusal: Callable[[], str | None] = lambda: None
     """Why no new claim may be prepared now (None: it may); see :mod:`ix_gpu.node.allocator`."""
+    reset: Callable[[Sequence[Chip]], object] | None = None
+    """``flags.reset_gpu``: resets a new claim's chips before its spec is written (blocking;
+    raises :class:`ix_gpu.node.gpu_reset.ResetFailed`); None: no reset. A claim answered from the
+    checkpoint (the kubelet asking again) is never reset: its pod may be running."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def spec_path(self, uid: str) -> Path:
@@ -130,6 +136,8 @@ class Preparer:
                     )
                     continue
                 shares[r.device] = shares.get(r.device, 0) + mib
+        if self.reset is not None and ours:
+            self._reset(ref, list(ours.values()))
         spec = self._spec(ref.uid, list(ours.values()), shares) if ours else None
         with self._lock:
             try:
@@ -144,6 +152,30 @@ class Preparer:
                 raise ClaimError(f"claim {ref}: cannot write {what}", "write") from None
         log.info("prepared claim %s: %s", ref, ", ".join(d.device for d in prepared) or "no devices of ours")
         return prepared
+
+    def _reset(self, ref: ClaimRef, devices: list[DraDevice]) -> None:
+        """Reset the claim's chips (whole chips and boards: with ``reset_gpu`` nothing is shared),
+        unless one of them is prepared for another claim, which the scheduler's counters forbid
+        and a reset would pull from under that claim's pod."""
+        assert self.reset is not None
+        chips = {chip.uuid: chip for d in devices for chip in d.physical.chips}
+        inventory = self.devices()
+        with self._lock:
+            others = [c for uid, c in self.checkpoint.claims.items() if uid != ref.uid]
+        for other in others:
+            for prepared in other.devices:
+                held = inventory.get(prepared.device)
+                taken = [c.uuid for c in held.physical.chips if c.uuid in chips] if held else []
+                if taken:
+                    raise ClaimError(
+                        f"claim {ref}: chip {taken[0]} is prepared for claim {other.namespace}/{other.name}; "
+                        "it is not reset under that claim's pod",
+                        "reset",
+                    )
+        try:
+            self.reset(list(chips.values()))
+        except ResetFailed as exc:
+            raise ClaimError(f"claim {ref}: {exc}", "reset") from None
 
     def _spec(self, uid: str, devices: list[DraDevice], shares: Mapping[str, int]) -> dict[str, Any]:
         entries = tuple(Device(id=f"{uid}-{d.name}", physical=d.physical) for d in devices)

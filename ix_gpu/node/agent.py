@@ -246,6 +246,7 @@ def start_node(
 
     from ix_gpu.node.backends.base import BackendError
     from ix_gpu.node.devices.sharing import plan_sharing
+    from ix_gpu.node.gpu_reset import SerializedBackend, reset_problem
     from ix_gpu.process.isolated import shared_child
     from ix_gpu.process.openssl_free import import_without_openssl
 
@@ -267,10 +268,13 @@ def start_node(
             if api is None and kind.api_for is not None and kind.api_for(loaded.config):
                 api = connect(None)
             try:
-                backend = starting.result()
+                backend: Backend = SerializedBackend(starting.result())
             except BackendError as exc:
                 log.error("cannot start: backend %s: %s", args.backend, exc)
                 return None
+    if problem := reset_problem(loaded.config, backend):
+        backend.close()
+        raise UsageError(problem)
     sharing = plan_sharing(loaded.config, backend.vendor.resource_name)
     for note in sharing.notes:
         log.warning("config %s: %s", loaded.path or "(built-in defaults)", note)

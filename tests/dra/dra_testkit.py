@@ -16,6 +16,7 @@ from ix_gpu.dra.app import DraApp, DraSettings
 from ix_gpu.dra.devices import UnhealthyMode
 from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.fake_devices_file import fake_backend
+from ix_gpu.node.gpu_reset import SerializedBackend
 from tests.support.waiting import wait_until_async
 
 DRIVER = "gpu.iluvatar.com"
@@ -50,7 +51,7 @@ def settings(
 
 @contextlib.asynccontextmanager
 async def running(config: DraSettings, devices_file: Path, api: ApiServer) -> AsyncIterator[DraApp]:
-    app = DraApp(config, fake_backend(devices_file), api)
+    app = DraApp(config, SerializedBackend(fake_backend(devices_file)), api)  # as start_node wraps it
     task = asyncio.create_task(app.run())
     try:
         await wait_until_async(

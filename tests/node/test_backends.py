@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,53 +14,9 @@ from ix_gpu.node.backends import make_backend
 from ix_gpu.node.backends.base import BackendError
 from ix_gpu.node.backends.devfs import DevfsBackend
 from ix_gpu.node.devices.device_list import build_device_list
+from tests.node.conftest import SCRIPT
 
 HERE = Path(__file__).resolve().parent
-
-SCRIPT = """\
-GPU-ix-0 0 0 0 0 32768 8a
-GPU-ix-1 1 0 1 0 32768 8b
-GPU-ix-3 3 1 1 0 32768 8d
-GPU-ix-2 2 1 0 0 32768 8c
-"""
-
-
-@pytest.fixture(scope="module")
-def libixml(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Compile tests/node/fake_ixml.c into <COREX_HOME>/lib64/libixml.so."""
-    gcc = shutil.which("gcc") or shutil.which("cc")
-    assert gcc, "these tests need a C compiler (gcc) to build the libixml stand-in"
-    corex_home = tmp_path_factory.mktemp("corex")
-    (corex_home / "lib64").mkdir()
-    subprocess.run(
-        [
-            gcc,
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-o",
-            str(corex_home / "lib64" / "libixml.so"),
-            str(HERE / "fake_ixml.c"),
-        ],
-        check=True,
-    )
-    return corex_home
-
-
-@pytest.fixture
-def ixml_env(libixml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    script = tmp_path / "script"
-    script.write_text(SCRIPT)
-    root = tmp_path / "root"
-    for bus, numa in (("8a", 0), ("8b", 0), ("8c", 1), ("8d", 1)):
-        dev = root / "sys/bus/pci/devices" / f"0000:{bus}:00.0"
-        dev.mkdir(parents=True)
-        (dev / "numa_node").write_text(f"{numa}\n")
-    (root / "dev").mkdir()
-    (root / "dev/itrctl").touch()
-    monkeypatch.setenv("COREX_HOME", str(libixml))
-    monkeypatch.setenv("FAKE_IXML_SCRIPT", str(script))
-    yield script
 
 
 def test_ixml_discovers_boards_positions_numa_and_memory(ixml_env: Path) -> None:

@@ -21,6 +21,7 @@ from h2.connection import H2Connection
 
 from ix_gpu.config.plugin_config import load_plugin_config
 from ix_gpu.node.fake_devices_file import fake_backend
+from ix_gpu.node.gpu_reset import SerializedBackend
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.server.allocation_gate import DevicePluginGate
 from ix_gpu.plugin.server.app import PluginApp
@@ -52,7 +53,7 @@ async def plugin_and_kubelet(
     app = PluginApp(
         PluginSettings(device_plugin_dir=directory, config_path=config_path, allocation=allocation),
         load_plugin_config(config_path).runtime(),
-        fake_backend(devices_file),
+        SerializedBackend(fake_backend(devices_file)),  # as start_node wraps every agent's backend
     )
     task = asyncio.create_task(app.run())
     try:

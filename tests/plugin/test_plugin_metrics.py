@@ -24,7 +24,7 @@ from prometheus_client import Histogram as ReferenceHistogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from ix_gpu.plugin.server.metrics import API_CALLS, LOOPS, PluginMetrics
+from ix_gpu.plugin.server.metrics import API_CALLS, LOOPS, RESET_RESULTS, PluginMetrics
 from ix_gpu.serving.text_metrics import CONTENT_TYPE, Counter, Gauge, Histogram, format_value
 
 Update = Callable[[Any], None]
@@ -46,6 +46,8 @@ UPDATES: list[Update] = [
     lambda m: m.config_reloads.labels(result="error").inc(),
     lambda m: m.api_errors.labels(call="slice_list").inc(),
     lambda m: m.loop_crashes.labels(loop="health").inc(),
+    lambda m: m.gpu_resets.labels(result="changed").inc(),
+    lambda m: m.gpu_reset_seconds.observe(2.5),
 ]
 
 
@@ -70,6 +72,8 @@ class Reference:
             self.api_errors.labels(call=call)  # type: ignore[attr-defined]
         for loop in LOOPS:
             self.loop_crashes.labels(loop=loop)  # type: ignore[attr-defined]
+        for result in RESET_RESULTS:
+            self.gpu_resets.labels(result=result)  # type: ignore[attr-defined]
 
 
 def without_created(text: str) -> list[str]:
@@ -104,6 +108,8 @@ def test_prometheus_parser_reads_every_series() -> None:
         "ix_gpu_plugin_config_reloads": "counter",
         "ix_gpu_plugin_api_errors": "counter",
         "ix_gpu_plugin_loop_crashes": "counter",
+        "ix_gpu_plugin_gpu_resets": "counter",
+        "ix_gpu_plugin_gpu_reset_duration_seconds": "histogram",
     }
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples

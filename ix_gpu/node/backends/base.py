@@ -7,6 +7,11 @@ libixml, NVML or sysfs — so each backend is testable alone and the gRPC side i
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -94,6 +99,19 @@ class Backend(Protocol):
         Blocking and possibly slow: only the telemetry reader thread calls it."""
         ...
 
+    @property
+    def reset_method(self) -> str | None:
+        """How :meth:`reset` resets chips (``ixsmi -r``...), for logs; None: this backend cannot."""
+        ...
+
+    def reset(self, chips: Sequence[Chip], timeout: float) -> None:
+        """Reset ``chips`` (their memory and state cleared for a new tenant), done within
+        ``timeout`` seconds or not at all: raises :class:`BackendError` saying why. The library is
+        released for the reset and taken again after it, so no other call may run meanwhile
+        (:class:`ix_gpu.node.gpu_reset.SerializedBackend` sees to it); chips may come back with
+        other indices or UUIDs."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -115,3 +133,35 @@ def numa_node(pci_device_dir: Path) -> int | None:
 def existing_control_nodes(root: Path, vendor: Vendor) -> tuple[str, ...]:
     """The vendor's control nodes that exist under ``root`` (drivers differ in which they create)."""
     return tuple(path for path in vendor.control_nodes if (root / path.lstrip("/")).exists())
+
+
+# -- resetting chips with the vendor's tool ---------------------------------------------------------
+
+RESET_OUTPUT_CHARS = 400
+"""What of a failed reset tool's output goes into the error: enough for its message."""
+
+
+def run_reset_tool(argv: Sequence[str], timeout: float) -> None:
+    """Run the vendor's reset tool (``ixsmi -r``, ``nvidia-smi --gpu-reset``) to completion within
+    ``timeout`` seconds, in a session of its own so that a tool that hangs is killed with
+    everything it started; raises :class:`BackendError` with why it failed."""
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise BackendError(f"{argv[0]}: {exc.strerror or exc}") from None
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise BackendError(f"{argv[0]} did not finish in {timeout:g}s; it was killed") from None
+    if process.returncode != 0:
+        said = output.decode(errors="replace").strip()[-RESET_OUTPUT_CHARS:] or "no output"
+        raise BackendError(f"{' '.join(argv)} exited {process.returncode}: {said}")

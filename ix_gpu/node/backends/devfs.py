@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from ix_gpu.devicemodel.vendors import ILUVATAR, NVIDIA, Vendor
@@ -120,6 +121,15 @@ class DevfsBackend:
     def read_telemetry(self, chip: Chip) -> dict[str, float]:
         """Nothing: sysfs alone tells no GPU figure (each is absent, never 0)."""
         return {}
+
+    @property
+    def reset_method(self) -> None:
+        """None: without the vendor's library or tool there is no reset (``reset_gpu`` refuses to
+        start on this backend)."""
+        return None
+
+    def reset(self, chips: Sequence[Chip], timeout: float) -> None:
+        raise BackendError("the devfs backend cannot reset chips (no management library or tool)")
 
     def close(self) -> None:
         pass

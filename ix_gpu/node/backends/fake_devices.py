@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from ix_gpu.config.schema_base import StrictModel, parse_yaml
 from ix_gpu.node.backends.base import Chip, decode_ixml_health
-from ix_gpu.node.backends.fake_scan import FakeScan
+from ix_gpu.node.backends.fake_scan import FakeReset, FakeScan
 
 MIB = 1024 * 1024
 
@@ -32,6 +32,15 @@ class FakeTelemetry(StrictModel):
     """A read of this chip blocks this long first, as a wedged library call does."""
 
 
+class FakeChipReset(StrictModel):
+    """How a reset of the chip goes: fails with ``fails`` (the tool's error), takes ``seconds``,
+    and gives the chip the UUID ``uuidAfter`` (a board whose identity changes with a reset)."""
+
+    fails: str | None = Field(default=None, max_length=200)
+    seconds: float = Field(default=0, ge=0, le=3600)
+    uuid_after: str | None = Field(default=None, min_length=1, max_length=58)
+
+
 class FakeChip(StrictModel):
     uuid: str = Field(min_length=1, max_length=58)
     minor: int | None = Field(default=None, ge=0)
@@ -42,6 +51,7 @@ class FakeChip(StrictModel):
     """ixmlDeviceGetHealth bitmask; 0 is healthy, e.g. 0x4 is over-temperature."""
     pci_bus_id: str = Field(default="", max_length=64, alias="pciBusId")
     telemetry: FakeTelemetry = Field(default_factory=FakeTelemetry)
+    reset: FakeChipReset = Field(default_factory=FakeChipReset)
 
 
 class FakeBoard(StrictModel):
@@ -129,4 +139,10 @@ def scan(content: bytes | str, source: str) -> FakeScan:
         library_error=parsed.library_error,
         chips=tuple(parsed.to_chips()),
         telemetry=parsed.telemetry(),
+        resets=tuple(
+            FakeReset(chip.uuid, chip.reset.fails, chip.reset.seconds, chip.reset.uuid_after)
+            for board in parsed.boards
+            for chip in board.chips
+            if chip.reset != FakeChipReset()
+        ),
     )

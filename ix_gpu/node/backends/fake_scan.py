@@ -20,3 +20,18 @@ class FakeScan:
     chips: tuple[Chip, ...]
     telemetry: tuple[tuple[str, tuple[tuple[str, float], ...], float], ...] = ()
     """Per chip: (uuid, its figures, seconds a read of it blocks), as the file gives them."""
+    resets: tuple[FakeReset, ...] = ()
+    """Per chip whose file entry says how a reset of it goes (``reset:``)."""
+
+
+@dataclass(frozen=True)
+class FakeReset:
+    """How a reset of one fake chip goes (its ``reset:`` in the devices file)."""
+
+    uuid: str
+    fails: str | None = None
+    """The tool's error: the reset fails with it."""
+    seconds: float = 0.0
+    """How long the reset takes (past the caller's timeout: it times out)."""
+    uuid_after: str | None = None
+    """The chip's UUID once reset (a board whose identity changes, as real ones may)."""

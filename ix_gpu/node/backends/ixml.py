@@ -18,7 +18,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ix_gpu.node.backends.base import (
     decode_ixml_health,
     existing_control_nodes,
     numa_node,
+    run_reset_tool,
 )
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,23 @@ def library_candidates() -> list[str]:
     out.append(str(Path(ILUVATAR.library_dir) / LIBRARY))
     out.append(LIBRARY)
     return out
+
+
+IXSMI = "ixsmi"
+
+
+def ixsmi_candidates() -> list[str]:
+    """Where the reset tool is looked for: beside the library (``$COREX_HOME/bin``, the default
+    CoreX install's ``bin``), then on PATH."""
+    corex_home = os.environ.get("COREX_HOME")
+    homes = [corex_home] if corex_home else []
+    homes.append(str(Path(ILUVATAR.library_dir).parent))
+    return [str(Path(home) / "bin" / IXSMI) for home in homes]
+
+
+def reset_tool() -> str | None:
+    found = next((c for c in ixsmi_candidates() if os.access(c, os.X_OK)), None)
+    return found or shutil.which(IXSMI)
 
 
 def load_library() -> ctypes.CDLL:
@@ -333,6 +352,27 @@ class IxmlBackend:
             if lib.ixmlDeviceGetHealth(handle, ctypes.byref(mask)) == NVML_SUCCESS:
                 out["health_mask"] = mask.value
         return {key: float(v) for key, v in out.items()}
+
+    @property
+    def reset_method(self) -> str | None:
+        tool = reset_tool()
+        return f"{tool} -r -i <chip UUIDs>" if tool else None
+
+    def reset(self, chips: Sequence[Chip], timeout: float) -> None:
+        """``ixsmi -r -i <uuids>`` (the vendor's tool; the library has no reset call) with the
+        library shut down meanwhile, as Iluvatar's plugin does: a handle held open would keep the
+        chip busy. The library is initialised again whatever the tool did, and what was known of
+        each index is forgotten: a reset chip may come back with another UUID."""
+        tool = reset_tool()
+        if tool is None:
+            raise BackendError(f"no {IXSMI} in {', '.join(ixsmi_candidates())} or on PATH")
+        self._lib.nvmlShutdown()
+        try:
+            run_reset_tool([tool, "-r", "-i", ",".join(chip.uuid for chip in chips)], timeout)
+        finally:
+            self._static.clear()
+            self._boards.clear()
+            self._check("nvmlInit_v2", self._lib.nvmlInit_v2())
 
     def close(self) -> None:
         self._lib.nvmlShutdown()

@@ -10,13 +10,21 @@ a failing chip stays listed (Unhealthy) instead of vanishing from capacity. The 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ix_gpu.devicemodel.vendors import NVIDIA, Vendor
-from ix_gpu.node.backends.base import PCI_DEVICES, BackendError, Chip, existing_control_nodes, numa_node
+from ix_gpu.node.backends.base import (
+    PCI_DEVICES,
+    BackendError,
+    Chip,
+    existing_control_nodes,
+    numa_node,
+    run_reset_tool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +48,7 @@ def _sysfs_bus_id(bus_id: str) -> str:
 
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
+NVIDIA_SMI = "nvidia-smi"
 """What pynvml loads on Linux (``pynvml._LoadNvmlLibrary``)."""
 
 
@@ -184,6 +193,29 @@ class NvmlBackend:
                 continue
             out.update((key, float(value)) for key, value in zip(keys, values, strict=True))
         return out
+
+    @property
+    def reset_method(self) -> str | None:
+        tool = shutil.which(NVIDIA_SMI)
+        return f"{tool} --gpu-reset -i <chip UUIDs>" if tool else None
+
+    def reset(self, chips: Sequence[Chip], timeout: float) -> None:
+        """``nvidia-smi --gpu-reset -i <uuids>``: NVML has no public reset call; the tool needs the
+        GPUs idle, so NVML is shut down meanwhile and initialised again after, and what was known of
+        each index is forgotten."""
+        tool = shutil.which(NVIDIA_SMI)
+        if tool is None:
+            raise BackendError(f"no {NVIDIA_SMI} on PATH")
+        nvml = self.nvml
+        nvml.nvmlShutdown()
+        try:
+            run_reset_tool([tool, "--gpu-reset", "-i", ",".join(chip.uuid for chip in chips)], timeout)
+        finally:
+            self._static.clear()
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as exc:
+                raise BackendError(f"nvmlInit after the reset: {exc}") from None
 
     def close(self) -> None:
         try:

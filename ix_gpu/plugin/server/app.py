@@ -19,32 +19,31 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ix_gpu.config.input_files import ConfigError
 from ix_gpu.config.plugin_runtime import DeviceListStrategy, RuntimeConfig
 from ix_gpu.node.attribution import holders_by_chip
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
-from ix_gpu.node.devices.cdi import CdiError, cdi_spec, spec_path, write_spec
 from ix_gpu.node.devices.device_list import DeviceList, build_device_list
 from ix_gpu.node.devices.health import HealthTracker
 from ix_gpu.node.devices.sharing import SharingPlan, plan_sharing
+from ix_gpu.node.gpu_reset import reset_problem
 from ix_gpu.node.node_config import (
     FIRST_ANSWER_WAIT,
 )
 from ix_gpu.node.node_labels import NodeLabeler, node_labels
 from ix_gpu.node.telemetry import Telemetry
 from ix_gpu.plugin.offer.device_state import HEALTHY, UNHEALTHY, DeviceState, Snapshot
+from ix_gpu.plugin.server.cdi_writer import CdiSpecWriter
 from ix_gpu.plugin.server.config_follower import ConfigFollower
+from ix_gpu.plugin.server.handout import ResetBeforeHandout
 from ix_gpu.plugin.server.metrics import PluginMetrics, telemetry_lines
 from ix_gpu.plugin.server.pod_resources import PodResourcesReader
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.plugin.server.settings import PluginSettings
+from ix_gpu.process.outcomes import ERROR
 from ix_gpu.process.supervision import Supervised, supervise
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,12 @@ class PluginApp:
         )
         self._chips: list[Chip] = []
         self.state = DeviceState(self._snapshot(build_device_list([], splitboard=False, replicas=1)))
-        self.servicer = DevicePluginServicer(self.state, self.metrics)
+        self.rediscover = asyncio.Event()
+        """Set to run a health check now (a reset changed the chips), and at stop."""
+        handout = ResetBeforeHandout(
+            backend, self.metrics, lambda: self.config.reset_timeout_seconds, self.rediscover.set
+        )
+        self.servicer = DevicePluginServicer(self.state, self.metrics, handout)
         self.registrar = Registrar(
             settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
         )
@@ -107,7 +111,7 @@ class PluginApp:
                 settings.allocation.slices.on_error = self._api_error("slice_list")
         self.loops = {name: Supervised(f"{name} loop") for name in ("health", "registration", "telemetry")}
         self._labels_warned = False
-        self._cdi_error: str | None = None
+        self.cdi = CdiSpecWriter(backend)
         self.allocation_reason: str | None = None
         """Why the devices are advertised or not, as last decided (None: no gate)."""
         self.stop_event = asyncio.Event()
@@ -144,6 +148,10 @@ class PluginApp:
         config = await self.config_file.poll()
         if config is None or config.digest == self.config.digest:
             return False
+        if problem := reset_problem(config, self.backend):
+            log.error("config %s not applied: %s; keeping the one in use", self.config_file.path, problem)
+            self.metrics.config_reloads.labels(result=ERROR).inc()
+            return False
         old_resource = self.resource_name
         self.config = config
         self.sharing = plan_sharing(config, self.backend.vendor.resource_name)
@@ -160,9 +168,10 @@ class PluginApp:
             self.registrar.request_reregister()
         return True
 
-    def _poll_backend(self) -> None:
+    async def _poll_backend(self) -> None:
+        # In a thread: the library is busy for the whole of a GPU reset (gpu_reset.SerializedBackend).
         try:
-            chips = self.backend.chips()
+            chips = await asyncio.to_thread(self.backend.chips)
         except BackendError as exc:
             reason = f"management library error: {exc}"
             self.metrics.backend_errors.inc()
@@ -183,7 +192,7 @@ class PluginApp:
     async def check_once(self) -> None:
         """One health interval's work: config, discovery/health, publish if anything changed."""
         await self._reload_config()
-        self._poll_backend()
+        await self._poll_backend()
         try:
             plan = self.sharing
             devices = build_device_list(
@@ -205,7 +214,7 @@ class PluginApp:
         allowed = await self._allowed()
         offered = devices if allowed else build_device_list([], splitboard=False, replicas=1)
         cdi = self.config.device_list_strategy is DeviceListStrategy.CDI
-        if cdi and allowed and not await self._write_cdi_spec(offered):
+        if cdi and allowed and not await self.cdi.write(offered, self.config):
             return
         snapshot = self._snapshot(offered)
         if await self.state.publish(snapshot):
@@ -237,31 +246,6 @@ class PluginApp:
             self.allocation_reason = verdict.reason
         return verdict.allowed
 
-    async def _write_cdi_spec(self, devices: DeviceList) -> bool:
-        """Write the CDI spec for ``devices`` before they are advertised: a device the kubelet
-        hands out must resolve in the spec, or the container fails to start. When the spec cannot
-        be written, the new list is not advertised (pods wait instead of failing)."""
-        vendor = self.backend.vendor
-        path = spec_path(self.config.cdi_spec_dir, vendor)
-        try:
-            control = self.backend.control_nodes()
-            spec = cdi_spec(devices, vendor, control, driver_root=self.config.cdi_driver_root)
-            changed = await asyncio.to_thread(write_spec, spec, path)
-        except (OSError, CdiError) as exc:
-            message = str(exc)
-            if message != self._cdi_error:
-                log.error(
-                    "cannot write the CDI spec %s; the device list is not advertised until it can: %s",
-                    path,
-                    message,
-                )
-            self._cdi_error = message
-            return False
-        if changed:
-            log.info("wrote the CDI spec %s (%d devices)", path, len(devices.devices))
-        self._cdi_error = None
-        return True
-
     async def _label_node(self, devices: DeviceList) -> None:
         if not self.labeler.usable:
             if not self._labels_warned:
@@ -279,7 +263,8 @@ class PluginApp:
     async def _health_loop(self) -> None:
         while not self.stop_event.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), timeout=self.config.health_interval_seconds)
+                await asyncio.wait_for(self.rediscover.wait(), timeout=self.config.health_interval_seconds)
+            self.rediscover.clear()
             if not self.stop_event.is_set():
                 await self.check_once()
 
@@ -359,6 +344,7 @@ class PluginApp:
         if not self.stop_event.is_set():
             log.info("%s: advertising all devices Unhealthy, then stopping", why)
             self.stop_event.set()
+            self.rediscover.set()
 
     async def run(self, *, handle_signals: bool = False) -> int:
         loop = asyncio.get_running_loop()

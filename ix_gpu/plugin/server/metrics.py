@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ix_gpu.node.attribution import Holder
 from ix_gpu.node.backends.base import IXML_HEALTH_BITS
+from ix_gpu.node.gpu_reset import RESET_CHANGED, RESET_FAILED, RESET_OK
 from ix_gpu.node.telemetry import FIGURES, HEALTH_MASK, LABELS, ChipTelemetry, chip_labels
 from ix_gpu.plugin.offer.device_state import HEALTHY, UNHEALTHY
 from ix_gpu.serving.text_metrics import (
@@ -24,6 +25,7 @@ from ix_gpu.serving.text_metrics import (
 API_CALLS = ("node_read", "slice_list", "label_write")
 ALLOCATION_LABELS = (*LABELS, "namespace", "pod", "container", "claim")
 LOOPS = ("health", "registration", "telemetry")
+RESET_RESULTS = (RESET_OK, RESET_FAILED, RESET_CHANGED)
 
 
 class PluginMetrics:
@@ -51,6 +53,18 @@ class PluginMetrics:
             "ix_gpu_plugin_allocate_duration_seconds",
             "Time to answer one Allocate call",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1),
+        )
+        self.gpu_resets = Counter(
+            "ix_gpu_plugin_gpu_resets",
+            "GPU resets before a handout (flags.reset_gpu), by result: ok, failed (the tool failed or "
+            "overran gpuReset.timeoutSeconds; the allocation was refused), changed (a chip came back with "
+            "another UUID; the allocation was refused)",
+            ["result"],
+        )
+        self.gpu_reset_seconds = Histogram(
+            "ix_gpu_plugin_gpu_reset_duration_seconds",
+            "Time one GPU reset took, the chips' rediscovery included",
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120),
         )
         self.health_transitions = Counter(
             "ix_gpu_plugin_health_transitions",
@@ -84,6 +98,8 @@ class PluginMetrics:
             self.api_errors.labels(call=call)
         for loop in LOOPS:
             self.loop_crashes.labels(loop=loop)
+        for result in RESET_RESULTS:
+            self.gpu_resets.labels(result=result)
 
     def families(self) -> tuple[Family | Histogram, ...]:
         return (
@@ -92,6 +108,8 @@ class PluginMetrics:
             self.registrations,
             self.allocations,
             self.allocate_seconds,
+            self.gpu_resets,
+            self.gpu_reset_seconds,
             self.health_transitions,
             self.backend_errors,
             self.config_reloads,

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from ix_gpu.node.backends.base import Chip
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api.deviceplugin_v1beta1_grpc import DevicePluginBase
 from ix_gpu.plugin.offer.allocation import (
@@ -33,9 +35,8 @@ from ix_gpu.plugin.server.metrics import PluginMetrics
 from ix_gpu.process.outcomes import ERROR, SUCCESS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from grpclib.server import Stream
+
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,18 @@ def list_and_watch_response(snapshot: Snapshot) -> pb.ListAndWatchResponse:
     return pb.ListAndWatchResponse(devices=devices)
 
 
+def allocated_chips(request: pb.AllocateRequest, snapshot: Snapshot) -> list[Chip]:
+    """The physical chips of every device ``request`` asks for (checked by :meth:`allocate` already),
+    each once: both chips of a board that is one device."""
+    by_id = {device.id: device for device in snapshot.devices.devices}
+    chips: dict[str, Chip] = {}
+    for container in request.container_requests:
+        for device_id in container.devices_ids:
+            for chip in by_id[device_id].physical.chips:
+                chips.setdefault(chip.uuid, chip)
+    return list(chips.values())
+
+
 class Rejected(Exception):
     """A request the plugin refuses; the handler answers INVALID_ARGUMENT with ``details``."""
 
@@ -76,10 +89,18 @@ async def _request(stream: Stream[Request, Response]) -> Request:
     return request
 
 
+BeforeHandout = Callable[[list[Chip]], Awaitable[None]]
+"""What runs on an allocation's chips after the allocation is checked and before it is answered
+(the GPU reset of ``flags.reset_gpu``); raises :class:`AllocationError` to refuse it."""
+
+
 class DevicePluginServicer(DevicePluginBase):
-    def __init__(self, state: DeviceState, metrics: PluginMetrics) -> None:
+    def __init__(
+        self, state: DeviceState, metrics: PluginMetrics, before_handout: BeforeHandout | None = None
+    ) -> None:
         self.state = state
         self.metrics = metrics
+        self.before_handout = before_handout
 
     # -- the calls, message in and message out ------------------------------------------------
 
@@ -163,7 +184,19 @@ class DevicePluginServicer(DevicePluginBase):
         await self._answer(stream, self.preferred_allocation)
 
     async def Allocate(self, stream: Stream[pb.AllocateRequest, pb.AllocateResponse]) -> None:
-        await self._answer(stream, self.allocate)
+        request = await _request(stream)
+        snapshot = self.state.snapshot
+        try:
+            response = self.allocate(request)
+            if self.before_handout is not None and snapshot.config.reset_gpu:
+                try:
+                    await self.before_handout(allocated_chips(request, snapshot))
+                except AllocationError as exc:
+                    self.metrics.allocations.labels(result=ERROR).inc()
+                    raise Rejected("Allocate", exc) from None
+        except Rejected as exc:
+            self._reject(exc)
+        await stream.send_message(response)
 
     async def _answer(self, stream: Stream[Request, Response], handle: Callable[[Request], Response]) -> None:
         """One unary call: the request, ``handle``'s answer, or INVALID_ARGUMENT when it rejects."""
