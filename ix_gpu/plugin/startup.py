@@ -23,6 +23,10 @@ DRA_DRIVER_NEEDS = (
     "--dra-driver needs NODE_NAME and cluster access (in a Pod, or --kubeconfig): the node's "
     "allocation label and the driver's ResourceSlices decide what is advertised"
 )
+USEVOLCANO_NEEDS = (
+    "--usevolcano (USE_VOLCANO) needs NODE_NAME and cluster access (in a Pod, or --kubeconfig): the "
+    "pods on this node say which devices Volcano chose"
+)
 
 
 def run_plugin(args: argparse.Namespace) -> int:
@@ -35,7 +39,8 @@ def run_plugin(args: argparse.Namespace) -> int:
         "plugin",
         node_name,
         api_early=args.kubeconfig is not None or args.dra_driver is not None,
-        api_for=lambda config: config.labels_enabled,
+        # usevolcano: the watch of this node's pods (ix_gpu.plugin.server.volcano).
+        api_for=lambda config: config.labels_enabled or config.usevolcano,
         # Before any thread of ours imports them: the event loop, gRPC and hashlib without OpenSSL
         # (4.5 MiB of RSS), which a plugin with cluster access loads later, for HTTPS.
         preload=("asyncio", "hashlib", "grpclib.client", "grpclib.server"),
@@ -46,6 +51,12 @@ def run_plugin(args: argparse.Namespace) -> int:
     if args.dra_driver is not None and started.api is None:
         started.backend.close()
         raise UsageError(DRA_DRIVER_NEEDS)
+    # Asked for on the command line or in the environment, as --dra-driver is: refused without
+    # what it needs. From the ix-config (one file for every node and for DRA, and reloaded) it is
+    # a warning instead, and Allocate binds the kubelet's choice (server/volcano.py).
+    if args.usevolcano and (started.api is None or not node_name):
+        started.backend.close()
+        raise UsageError(USEVOLCANO_NEEDS)
     directory = Path(args.device_plugin_dir)
     if not directory.is_dir():
         raise UsageError(f"--device-plugin-dir {directory}: not a directory")

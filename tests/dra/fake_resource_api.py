@@ -4,9 +4,11 @@ GET of a Node and of ResourceClaims; GET, POST and PUT of ResourceSlices with re
 checks (a stale PUT is a 409, as on the real server), and the server-side ``timeAdded`` the
 apiserver fills into device taints; the list of ResourceSlices by ``spec.nodeName`` and
 ``spec.driver`` field selectors, which the device plugin's allocation check asks for; a merge-patch
-of a Node's labels. Nodes are listed by ``metadata.name``; both lists can be watched
-(``?watch=1``): the stand-in compares what matches every 20 ms and sends what changed since the
-list the watch continues, so tests may change ``nodes`` and ``slices`` directly. A path in
+of a Node's labels; the list of Pods by ``spec.nodeName`` (the device plugin's Volcano watch) and
+a merge-patch of a Pod's annotations, with ``metadata.uid`` as a precondition. Nodes are listed by
+``metadata.name``; the three lists can be watched (``?watch=1``): the stand-in compares what
+matches every 20 ms and sends what changed since the list the watch continues, so tests may change
+``nodes``, ``slices`` and ``pods`` directly. A path in
 ``denied`` answers 403, and ends the watches of that path (so does a fault); one in ``absent``
 answers 404.
 ``faults`` maps a path to a transport fault its answers have: ``cut`` (the connection closes in
@@ -39,6 +41,10 @@ class FakeResourceApi:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """By ``namespace/name``."""
+    patches: list[tuple[str, Any]] = field(default_factory=list)
+    """Each PATCH of a pod: its ``namespace/name`` and the body."""
     calls: list[tuple[str, str]] = field(default_factory=list)
     version: int = 1
     denied: set[str] = field(default_factory=set)
@@ -66,6 +72,31 @@ class FakeResourceApi:
             "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {})},
             "status": {"allocatable": dict(allocatable or {})},
         }
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        node: str,
+        annotations: dict[str, str] | None = None,
+        phase: str = "Pending",
+    ) -> dict[str, Any]:
+        """A pod bound to ``node`` (tests change ``pods`` directly; the watch sends what changed)."""
+        with self.lock:
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "namespace": namespace,
+                    "name": name,
+                    "uid": f"uid-{namespace}-{name}",
+                    "annotations": dict(annotations or {}),
+                },
+                "spec": {"nodeName": node},
+                "status": {"phase": phase},
+            }
+            self.pods[f"{namespace}/{name}"] = pod
+            return pod
 
     def add_claim(
         self, namespace: str, name: str, uid: str, results: list[dict[str, Any]] | None
@@ -95,8 +126,10 @@ class FakeResourceApi:
             if path in self.absent:
                 return 404, _status(404, "NotFound")
             parts = path.strip("/").split("/")
-            if path in (f"{RESOURCE}/resourceslices", "/api/v1/nodes") and method == "GET":
+            if path in (f"{RESOURCE}/resourceslices", "/api/v1/nodes", "/api/v1/pods") and method == "GET":
                 return 200, self._list(path, query)
+            if len(parts) == 6 and parts[-2] == "pods" and method == "PATCH":
+                return self._patch_pod(f"{parts[3]}/{parts[5]}", body)
             if path.startswith("/api/v1/nodes/") and method == "GET":
                 node = self.nodes.get(parts[-1])
                 return (200, node) if node else (404, _status(404, "NotFound"))
@@ -146,7 +179,7 @@ class FakeResourceApi:
             for term in selector.split(","):
                 key, _, value = term.partition("=")
                 wanted[key] = value
-        found = self.nodes if path == "/api/v1/nodes" else self.slices
+        found = {"/api/v1/nodes": self.nodes, "/api/v1/pods": self.pods}.get(path, self.slices)
         return {
             name: copy.deepcopy(obj)
             for name, obj in found.items()
@@ -157,10 +190,10 @@ class FakeResourceApi:
         items = self.matching(path, query)
         self.version += 1
         self.listed[str(self.version)] = items
-        kind = "NodeList" if path == "/api/v1/nodes" else "ResourceSliceList"
+        kind = {"/api/v1/nodes": "NodeList", "/api/v1/pods": "PodList"}.get(path, "ResourceSliceList")
         return {
             "kind": kind,
-            "apiVersion": "v1" if path == "/api/v1/nodes" else "resource.k8s.io/v1",
+            "apiVersion": "v1" if path.startswith("/api/v1/") else "resource.k8s.io/v1",
             "metadata": {"resourceVersion": str(self.version)},
             "items": list(copy.deepcopy(items).values()),
         }
@@ -184,6 +217,23 @@ class FakeResourceApi:
             seen.clear()
             seen.update(now)
             return events
+
+    def _patch_pod(self, key: str, body: Any) -> tuple[int, Any]:
+        """A merge patch of the pod's annotations (lock held), refused when ``metadata.uid`` names
+        another pod (the apiserver's uid precondition)."""
+        pod = self.pods.get(key)
+        if pod is None:
+            return 404, _status(404, "NotFound")
+        metadata = (body or {}).get("metadata") or {}
+        if metadata.get("uid", pod["metadata"]["uid"]) != pod["metadata"]["uid"]:
+            return 409, _status(409, "Conflict")
+        self.patches.append((key, copy.deepcopy(body)))
+        for name, value in (metadata.get("annotations") or {}).items():
+            if value is None:
+                pod["metadata"]["annotations"].pop(name, None)
+            else:
+                pod["metadata"]["annotations"][name] = value
+        return 200, pod
 
     def _store(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1

@@ -24,6 +24,7 @@ from prometheus_client import Histogram as ReferenceHistogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from ix_gpu.plugin.offer.volcano import RESULTS as VOLCANO_RESULTS
 from ix_gpu.plugin.server.metrics import API_CALLS, LOOPS, RESET_RESULTS, PluginMetrics
 from ix_gpu.serving.text_metrics import CONTENT_TYPE, Counter, Gauge, Histogram, format_value
 
@@ -48,6 +49,7 @@ UPDATES: list[Update] = [
     lambda m: m.loop_crashes.labels(loop="health").inc(),
     lambda m: m.gpu_resets.labels(result="changed").inc(),
     lambda m: m.gpu_reset_seconds.observe(2.5),
+    lambda m: m.volcano_allocations.labels(result="fallback").inc(),
 ]
 
 
@@ -74,6 +76,8 @@ class Reference:
             self.loop_crashes.labels(loop=loop)  # type: ignore[attr-defined]
         for result in RESET_RESULTS:
             self.gpu_resets.labels(result=result)  # type: ignore[attr-defined]
+        for result in VOLCANO_RESULTS:
+            self.volcano_allocations.labels(result=result)  # type: ignore[attr-defined]
 
 
 def without_created(text: str) -> list[str]:
@@ -110,6 +114,7 @@ def test_prometheus_parser_reads_every_series() -> None:
         "ix_gpu_plugin_loop_crashes": "counter",
         "ix_gpu_plugin_gpu_resets": "counter",
         "ix_gpu_plugin_gpu_reset_duration_seconds": "histogram",
+        "ix_gpu_plugin_volcano_allocations": "counter",
     }
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples

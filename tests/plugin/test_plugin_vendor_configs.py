@@ -41,7 +41,10 @@ def test_ix_gpu_plugin_starts_on_each_and_advertises_what_4_4_does(
     short_tmp: Path, fake_devices: Path, name: str
 ) -> None:
     """4.4 with ``splitboard: false`` and no sharing: one device per board, under iluvatar.com/gpu
-    (examples/fake-devices.yaml: two boards of two chips)."""
+    (examples/fake-devices.yaml: two boards of two chips). The Volcano one (``usevolcano: true``)
+    starts too, outside a cluster, saying that Volcano's choice cannot be read there: the file is
+    the whole cluster's, so it is a warning, where ``--usevolcano`` is refused
+    (:func:`test_usevolcano_on_the_command_line_needs_the_cluster`)."""
     directory = short_tmp / "dp"
     directory.mkdir()
 
@@ -55,11 +58,27 @@ def test_ix_gpu_plugin_starts_on_each_and_advertises_what_4_4_does(
             await kubelet.wait_for(lambda: kubelet.updates, timeout=20, what="registration")
             assert [r.request.resource_name for r in kubelet.registrations] == ["iluvatar.com/gpu"]
             assert len(kubelet.last_update().devices) == 2
+            said = (
+                "flags.usevolcano is on, but without NODE_NAME and cluster access" in plugin.log.read_text()
+            )
+            assert said is (name == "ix-device-plugin-volcano.yaml"), plugin.log_tail()
         finally:
             plugin.stop()
             await kubelet.stop()
 
     asyncio.run(scenario())
+
+
+def test_usevolcano_on_the_command_line_needs_the_cluster(short_tmp: Path, fake_devices: Path) -> None:
+    """As ``--dra-driver``: asked for by the process's own flags (or USE_VOLCANO), it is refused
+    where this node's pods cannot be read."""
+    (short_tmp / "dp").mkdir()
+    for flags, env in ((("--usevolcano",), None), ((), {"USE_VOLCANO": "true"})):
+        result = ix_gpu("plugin", "--backend", "fake", "--fake-devices", str(fake_devices),
+                        "--device-plugin-dir", str(short_tmp / "dp"), "--metrics-port", "0",
+                        "--config", str(SHIPPED / "ix-device-plugin.yaml"), *flags, env=env)  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "--usevolcano (USE_VOLCANO) needs NODE_NAME and cluster access" in result.stderr
 
 
 def run_devices(fake_devices: Path, config: Path, *flags: str, env: dict[str, str] | None = None) -> str:

@@ -42,6 +42,7 @@ from ix_gpu.plugin.server.pod_resources import PodResourcesReader
 from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.plugin.server.settings import PluginSettings
+from ix_gpu.plugin.server.volcano import VolcanoChoice
 from ix_gpu.process.outcomes import ERROR
 from ix_gpu.process.supervision import Supervised, supervise
 
@@ -96,7 +97,8 @@ class PluginApp:
         handout = ResetBeforeHandout(
             backend, self.metrics, lambda: self.config.reset_timeout_seconds, self.rediscover.set
         )
-        self.servicer = DevicePluginServicer(self.state, self.metrics, handout)
+        self.volcano = VolcanoChoice(settings, self.metrics, lambda: self.resource_name)
+        self.servicer = DevicePluginServicer(self.state, self.metrics, handout, self.volcano.choose)
         self.registrar = Registrar(
             settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
         )
@@ -154,6 +156,7 @@ class PluginApp:
             return False
         old_resource = self.resource_name
         self.config = config
+        self.volcano.follow(config)
         self.sharing = plan_sharing(config, self.backend.vendor.resource_name)
         self.tracker.recover_after = config.recover_after
         log.info(
@@ -295,7 +298,7 @@ class PluginApp:
             out += [problem] if (problem := reader.problem()) is not None else []
         if self.labeler.error is not None:
             out.append(f"cannot label node {self.labeler.node}: {self.labeler.error}")
-        return out
+        return out + self.volcano.problems()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -354,6 +357,7 @@ class PluginApp:
         watches = [w for w in (self.settings.node_config, self.settings.allocation) if w is not None]
         for watch in watches:
             watch.start()
+        self.volcano.follow(self.config)
         # The first decision waits a moment for the first answers (a pod starting as the node joins
         # would otherwise see nothing offered for a health interval); without them, nothing is.
         await asyncio.to_thread(lambda: all(w.wait_synced(FIRST_ANSWER_WAIT) for w in watches))
@@ -422,7 +426,7 @@ class PluginApp:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.registrar.shutdown(grace=1.0)
-        for watch in (self.settings.node_config, self.settings.allocation):
+        for watch in (self.settings.node_config, self.settings.allocation, self.volcano):
             if watch is not None:
                 await asyncio.to_thread(watch.stop)
         self.backend.close()

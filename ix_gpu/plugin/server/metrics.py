@@ -11,6 +11,7 @@ from ix_gpu.node.backends.base import IXML_HEALTH_BITS
 from ix_gpu.node.gpu_reset import RESET_CHANGED, RESET_FAILED, RESET_OK
 from ix_gpu.node.telemetry import FIGURES, HEALTH_MASK, LABELS, ChipTelemetry, chip_labels
 from ix_gpu.plugin.offer.device_state import HEALTHY, UNHEALTHY
+from ix_gpu.plugin.offer.volcano import RESULTS as VOLCANO_RESULTS
 from ix_gpu.serving.text_metrics import (
     Counter,
     Family,
@@ -22,7 +23,7 @@ from ix_gpu.serving.text_metrics import (
     render,
 )
 
-API_CALLS = ("node_read", "slice_list", "label_write")
+API_CALLS = ("node_read", "slice_list", "label_write", "pod_watch", "pod_patch")
 ALLOCATION_LABELS = (*LABELS, "namespace", "pod", "container", "claim")
 LOOPS = ("health", "registration", "telemetry")
 RESET_RESULTS = (RESET_OK, RESET_FAILED, RESET_CHANGED)
@@ -54,17 +55,14 @@ class PluginMetrics:
             "Time to answer one Allocate call",
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1),
         )
-        self.gpu_resets = Counter(
-            "ix_gpu_plugin_gpu_resets",
-            "GPU resets before a handout (flags.reset_gpu), by result: ok, failed (the tool failed or "
-            "overran gpuReset.timeoutSeconds; the allocation was refused), changed (a chip came back with "
-            "another UUID; the allocation was refused)",
+        self.volcano_allocations = Counter(
+            "ix_gpu_plugin_volcano_allocations",
+            "Allocate container requests under flags.usevolcano, by result: volcano (the devices of the "
+            "pod's iluvatar.com/DevVolcano bound), fallback (a pod matched, but its devices were not on "
+            "this node, Healthy and free: the kubelet's choice bound), unmatched (no pod waited with a "
+            "DevVolcano of that size: the kubelet's choice bound), refused (the kubelet's choice holds a "
+            "chip another pod holds), unavailable (this node's pods cannot be watched: the kubelet's choice)",
             ["result"],
-        )
-        self.gpu_reset_seconds = Histogram(
-            "ix_gpu_plugin_gpu_reset_duration_seconds",
-            "Time one GPU reset took, the chips' rediscovery included",
-            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120),
         )
         self.health_transitions = Counter(
             "ix_gpu_plugin_health_transitions",
@@ -82,7 +80,8 @@ class PluginMetrics:
         )
         self.api_errors = Counter(
             "ix_gpu_plugin_api_errors",
-            "Requests to the API server that failed, by call (node_read, slice_list, label_write)",
+            "Requests to the API server that failed, by call (node_read, slice_list, label_write, "
+            "pod_watch, pod_patch)",
             ["call"],
         )
         self.loop_crashes = Counter(
@@ -98,8 +97,9 @@ class PluginMetrics:
             self.api_errors.labels(call=call)
         for loop in LOOPS:
             self.loop_crashes.labels(loop=loop)
-        for result in RESET_RESULTS:
-            self.gpu_resets.labels(result=result)
+        self.gpu_resets, self.gpu_reset_seconds = _reset_families()
+        for result in VOLCANO_RESULTS:
+            self.volcano_allocations.labels(result=result)
 
     def families(self) -> tuple[Family | Histogram, ...]:
         return (
@@ -108,19 +108,39 @@ class PluginMetrics:
             self.registrations,
             self.allocations,
             self.allocate_seconds,
-            self.gpu_resets,
-            self.gpu_reset_seconds,
+            self.volcano_allocations,
             self.health_transitions,
             self.backend_errors,
             self.config_reloads,
             self.api_errors,
             self.loop_crashes,
+            self.gpu_resets,
+            self.gpu_reset_seconds,
         )
 
     def render(self, extra: Iterable[str] = ()) -> bytes:
         """The text exposition format, version 0.0.4 (what ``/metrics`` serves); ``extra``: more
         families' lines (the chips' telemetry)."""
         return render(self.families(), extra)
+
+
+def _reset_families() -> tuple[Counter, Histogram]:
+    """The GPU reset's count and time (``flags.reset_gpu``), every result's series from the start."""
+    resets = Counter(
+        "ix_gpu_plugin_gpu_resets",
+        "GPU resets before a handout (flags.reset_gpu), by result: ok, failed (the tool failed or "
+        "overran gpuReset.timeoutSeconds; the allocation was refused), changed (a chip came back with "
+        "another UUID; the allocation was refused)",
+        ["result"],
+    )
+    for result in RESET_RESULTS:
+        resets.labels(result=result)
+    seconds = Histogram(
+        "ix_gpu_plugin_gpu_reset_duration_seconds",
+        "Time one GPU reset took, the chips' rediscovery included",
+        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120),
+    )
+    return resets, seconds
 
 
 def telemetry_lines(

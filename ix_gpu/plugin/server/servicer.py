@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from grpclib.const import Status
@@ -94,13 +95,39 @@ BeforeHandout = Callable[[list[Chip]], Awaitable[None]]
 (the GPU reset of ``flags.reset_gpu``); raises :class:`AllocationError` to refuse it."""
 
 
+@dataclass(frozen=True)
+class Choice:
+    """What :data:`ChooseDevices` answers: the device IDs to bind, per container request."""
+
+    ids: list[list[str]]
+    settle: Callable[[bool], Awaitable[None]] | None = None
+    """Told whether the allocation was answered (True) or refused after the choice (False)."""
+
+
+ChooseDevices = Callable[[list[list[str]], Snapshot], Awaitable[Choice]]
+"""What may replace the kubelet's device IDs before the allocation is checked (Volcano's choice,
+``flags.usevolcano``: :mod:`ix_gpu.plugin.server.volcano`); everything downstream (device nodes,
+variables, CDI names, the reset's chips) then follows its IDs. Raises :class:`AllocationError`
+to refuse the allocation."""
+
+
+async def _settle(choice: Choice | None, answered: bool) -> None:
+    if choice is not None and choice.settle is not None:
+        await choice.settle(answered)
+
+
 class DevicePluginServicer(DevicePluginBase):
     def __init__(
-        self, state: DeviceState, metrics: PluginMetrics, before_handout: BeforeHandout | None = None
+        self,
+        state: DeviceState,
+        metrics: PluginMetrics,
+        before_handout: BeforeHandout | None = None,
+        choose_devices: ChooseDevices | None = None,
     ) -> None:
         self.state = state
         self.metrics = metrics
         self.before_handout = before_handout
+        self.choose_devices = choose_devices
 
     # -- the calls, message in and message out ------------------------------------------------
 
@@ -186,7 +213,13 @@ class DevicePluginServicer(DevicePluginBase):
     async def Allocate(self, stream: Stream[pb.AllocateRequest, pb.AllocateResponse]) -> None:
         request = await _request(stream)
         snapshot = self.state.snapshot
+        choice = None
         try:
+            if self.choose_devices is not None and snapshot.config.usevolcano:
+                choice = await self._choose(self.choose_devices, request, snapshot)
+                request = pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=ids) for ids in choice.ids]
+                )
             response = self.allocate(request)
             if self.before_handout is not None and snapshot.config.reset_gpu:
                 try:
@@ -195,8 +228,20 @@ class DevicePluginServicer(DevicePluginBase):
                     self.metrics.allocations.labels(result=ERROR).inc()
                     raise Rejected("Allocate", exc) from None
         except Rejected as exc:
+            await _settle(choice, answered=False)
             self._reject(exc)
+        await _settle(choice, answered=True)
         await stream.send_message(response)
+
+    async def _choose(self, choose: ChooseDevices, request: pb.AllocateRequest, snapshot: Snapshot) -> Choice:
+        """The devices to bind instead of the kubelet's; a request too large to be real is refused
+        first, as :meth:`allocate` would, before any choice is made for it."""
+        try:
+            check_container_count(len(request.container_requests), snapshot.devices)
+            return await choose([list(c.devices_ids) for c in request.container_requests], snapshot)
+        except AllocationError as exc:
+            self.metrics.allocations.labels(result=ERROR).inc()
+            raise Rejected("Allocate", exc) from None
 
     async def _answer(self, stream: Stream[Request, Response], handle: Callable[[Request], Response]) -> None:
         """One unary call: the request, ``handle``'s answer, or INVALID_ARGUMENT when it rejects."""
