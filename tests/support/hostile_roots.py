@@ -300,18 +300,20 @@ def runc_delete(runc: str, name: str) -> None:
 
 
 def leftovers(rootfs: Path) -> list[str]:
-    """Processes the hook started that are still there: any whose command line names ``rootfs`` or
-    starts with the copy of ldconfig the hook runs (``/proc/ldconfig``)."""
+    """Processes the hook started over ``rootfs`` that are still there: any whose command line names
+    ``rootfs``, and any whose root directory is in it (ldconfig, chrooted there; the hooks of other
+    containers on the machine, a real node's among them, run ldconfigs of their own)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            root = os.readlink(entry / "root")
         except OSError:
             continue
         line = " ".join(part.decode(errors="replace") for part in argv).strip()
-        if str(rootfs) in line or line.startswith("/proc/ldconfig"):
+        if str(rootfs) in line or root == str(rootfs) or root.startswith(f"{rootfs}/"):
             found.append(f"{entry.name}: {line[:200]}")
     return found
 

@@ -68,7 +68,9 @@ HOOK_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 # user controls is JSON-escaped and cannot hold `"root":{`. Splitting at commas keeps sed simple.
 # The root is the runtime's (containerd's rootfs mount), so it is trusted; what is in it is not.
 # The confined part's output comes back through a pipe (never the runtime's own stdout and stderr,
-# which a process left behind would hold open) with its exit status as the last line.
+# which a process left behind would hold open) with its exit status as the last line. timeout kills
+# only unshare (--foreground: not its own process group, so no shell reports it "Killed"); unshare's
+# --kill-child then kills the pid namespace's first process, and the kernel every other one in it.
 SCRIPT = r"""set -u
 say() { printf '%s: %s\n' "$0" "$*" >&2; }
 confined=$1 bound=$2
@@ -93,10 +95,10 @@ if [ ! -d "$root/etc" ] || [ -L "$root/etc" ]; then
   say "/etc in $root is not a directory; linker cache left as it was"; exit 0
 fi
 report=$({
-  timeout -s KILL "$bound" unshare --mount --propagation private --pid --kill-child \
-    sh -c "$confined" "$0" "$root" "$@" </dev/null 2>&1 >/dev/null
+  timeout --foreground -s KILL "$bound" unshare --mount --propagation private --pid --kill-child \
+    sh -c "$confined" "$0" "$root" "$@" </dev/null >/dev/null
   echo "$?"
-} | tail -n 11)
+} 2>&1 | tail -n 11)
 nl='
 '
 status=${report##*$nl}
