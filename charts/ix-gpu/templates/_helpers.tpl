@@ -85,12 +85,27 @@ app.kubernetes.io/component: dra-plugin
 
 {{/*
 Whether the plugin talks to the API server ("true"/"false"): to publish node labels, to read its
-node's config label (per-node configs), or, with DRA, its allocation label and the DRA driver's
-ResourceSlices. The ServiceAccount and the pod (whose setting wins) say the same, so RBAC that is
-granted is also usable.
+node's config label (per-node configs), with DRA its allocation label and the DRA driver's
+ResourceSlices, or with flags.usevolcano its node's pods. The ServiceAccount and the pod (whose
+setting wins) say the same, so RBAC that is granted is also usable.
 */}}
 {{- define "ix-gpu.plugin.apiAccess" -}}
-{{- or .Values.plugin.nodeLabels (not (empty .Values.plugin.nodeConfigs)) .Values.dra.enabled -}}
+{{- or .Values.plugin.nodeLabels (not (empty .Values.plugin.nodeConfigs)) .Values.dra.enabled (eq (include "ix-gpu.plugin.usevolcano" .) "true") -}}
+{{- end -}}
+
+{{/*
+Whether any ix-config of the release turns flags.usevolcano on ("true"/"false"): plugin.config, or
+a named per-node config. The plugin then reads its node's pods and writes three annotations of
+the pod it binds (plugin-rbac.yaml).
+*/}}
+{{- define "ix-gpu.plugin.usevolcano" -}}
+{{- $on := .Values.plugin.config.flags.usevolcano | default false -}}
+{{- range $name, $config := .Values.plugin.nodeConfigs -}}
+{{- if dig "flags" "usevolcano" false (deepCopy $config) -}}
+{{- $on = true -}}
+{{- end -}}
+{{- end -}}
+{{- $on -}}
 {{- end -}}
 
 {{- define "ix-gpu.image" -}}
