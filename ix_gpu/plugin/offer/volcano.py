@@ -294,7 +294,10 @@ def decide(
         outcome, reason = FALLBACK, problem
     else:
         outcome = UNMATCHED
-        reason = f"no pod on this node waits with a {DEV_VOLCANO} of {len(requested)} devices"
+        count = len(requested)
+        reason = (
+            f"no pod on this node waits with an {DEV_VOLCANO} of {count} device{'' if count == 1 else 's'}"
+        )
     found = clash(requested, held, resolve, exclude=pod.key if pod is not None else "")
     if found is not None:
         device_id, holding = found

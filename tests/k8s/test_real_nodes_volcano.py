@@ -1,0 +1,206 @@
+"""``flags.usevolcano`` on real nodes (issue 56): pods annotated as Iluvatar's ix-volcano-plugin
+annotates them get the chips named there, not the kubelet's (Volcano itself does not run: the
+default scheduler places the pods, the annotations say what Volcano would have chosen).
+
+``gpu-a`` (two BI-V150 boards of two chips) is labelled ``ix-gpu.io/device-plugin.config=volcano``
+before the install, and the release's ``plugin.nodeConfigs.volcano`` turns ``splitboard`` and
+``usevolcano`` on there: four devices, one per chip; ``gpu-b`` keeps the default config. Each pod
+reads back inside its container which device nodes it was given and its ``IX_VISIBLE_DEVICES``.
+
+The kubelet's own choice is known in advance: its GetPreferredAllocation goes to the plugin, which
+chooses best-fit (the board with the fewest free chips that still fits). So after a first pod takes
+one chip, the kubelet's next choice is that chip's sibling, and every Volcano choice below differs
+from the kubelet's where it matters. The pods run one after the other, each waited for.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.k8s.chart_values import real_node_chart_values
+from tests.k8s.pods import get_pod, new_namespace, request_ok, wait_pod, wait_running
+from tests.k8s.real_nodes import Images, stub_uuids
+from tests.k8s.real_release import Release, image_pod, open_release
+from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(900)
+
+RELEASE = "ixv"
+CONFIG_LABEL = "ix-gpu.io/device-plugin.config"
+DEV_VOLCANO = "iluvatar.com/DevVolcano"
+DEV_KUBELET = "iluvatar.com/DevKubelet"
+DEV_REAL_ALLOC = "iluvatar.com/DevRealAlloc"
+PREDICATE_TIME = "predicate-time"
+CONSUMED = "18446744073709551615"
+
+# What the container got: its device nodes and its visible-devices variable; then it holds them.
+CHECK = r"""
+import glob, os, time
+print("given:", " ".join(sorted(glob.glob("/dev/iluvatar*"))))
+print("IX_VISIBLE_DEVICES=" + os.environ.get("IX_VISIBLE_DEVICES", ""))
+print("done", flush=True)
+time.sleep(3600)
+"""
+
+
+def volcano_values(images: Images) -> dict[str, Any]:
+    values = real_node_chart_values(images)
+    values["plugin"]["nodeConfigs"] = {"volcano": {"flags": {"splitboard": True, "usevolcano": True}}}
+    return values
+
+
+def install_volcano(release: Release) -> None:
+    """Label gpu-a for the ``volcano`` config, install the chart, wait for its four chips."""
+    status, reply = release.api.request(
+        "PATCH",
+        "/api/v1/nodes/gpu-a",
+        {"metadata": {"labels": {CONFIG_LABEL: "volcano"}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, reply
+    chart = str(ROOT / "charts" / "ix-gpu")
+    result = release.helm(
+        "install", RELEASE, chart, "--create-namespace", "-f", str(release.values_file()),
+        "--wait", "--timeout", "300s",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    wait_until(
+        lambda: (release.cluster.node_resource("gpu-a") or (0, 0)) == (4, 4),
+        "gpu-a's four chips offered one by one",
+        120,
+        interval=0.5,
+    )
+
+
+@pytest.fixture(scope="module")
+def release(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, k8s_log_dir: Path
+) -> Iterator[Release]:
+    for installed in open_release(
+        request, tmp_path_factory, k8s_log_dir / "real-nodes-volcano", volcano_values
+    ):
+        install_volcano(installed)
+        yield installed
+
+
+def volcano_pod(name: str, image: str, chosen: str | None) -> dict[str, Any]:
+    """A root pod on gpu-a running CHECK with one GPU, annotated as ix-volcano-plugin annotates a
+    pod it placed (``chosen``: the device it chose; None: a pod outside Volcano)."""
+    pod = image_pod(
+        name, image, ["python3", "-c", CHECK], gpus=1, nodeSelector={"kubernetes.io/hostname": "gpu-a"}
+    )
+    if chosen is not None:
+        pod["metadata"]["annotations"] = {DEV_VOLCANO: chosen, PREDICATE_TIME: str(time.time_ns())}
+    return pod
+
+
+def seen(release: Release, namespace: str, name: str) -> tuple[list[str], str]:
+    """The device nodes and IX_VISIBLE_DEVICES pod ``name`` printed."""
+    wait_until(
+        lambda: "done" in release.log(namespace, name).splitlines(),
+        f"{name}'s check",
+        90,
+        details=lambda: release.log(namespace, name),
+    )
+    lines = release.log(namespace, name).splitlines()
+    given = lines[0].removeprefix("given:").split()
+    visible = lines[1].removeprefix("IX_VISIBLE_DEVICES=")
+    print(f"{name}: given {given}, IX_VISIBLE_DEVICES={visible}")
+    return given, visible
+
+
+def run_pod(release: Release, namespace: str, name: str, chosen: str | None) -> dict[str, Any]:
+    pod = volcano_pod(name, release.image, chosen)
+    request_ok(release.api, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+    return wait_running(release.api, namespace, name, timeout=120)
+
+
+def volcano_counts(release: Release) -> dict[str, float]:
+    """``ix_gpu_plugin_volcano_allocations_total`` by result, from gpu-a's plugin's /metrics."""
+    (pod,) = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == "gpu-a"]
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9401/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {
+        sample.labels["result"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "ix_gpu_plugin_volcano_allocations_total"
+    }
+
+
+def test_volcanos_chips_are_bound_a_stray_choice_falls_back_and_no_chip_is_bound_twice(
+    release: Release,
+) -> None:
+    """On gpu-a (chips c0..c3 by minor, /dev/iluvatar0..3; boards {c0, c1} and {c2, c3}):
+
+    1. ``stray`` names a chip of gpu-b: it falls back to the kubelet's choice, say ``f``.
+    2. ``one`` names a chip ``a`` of the other board; the kubelet chooses ``f``'s sibling ``s``
+       (best fit): ``one`` gets ``a``.
+    3. ``two`` names ``b``, the other board's other chip; the kubelet chooses ``a`` or ``b``:
+       ``two`` gets ``b``.
+    4. ``plain`` (no annotation): the kubelet, which believes ``a`` or ``b`` free, chooses it: it is
+       held, so the allocation is refused, naming the holder, and the pod fails.
+    5. ``three`` names ``s``, which the kubelet believes taken: it gets ``s``.
+
+    Four running pods, four different chips, each what its annotation (or the fallback) says."""
+    api = release.api
+    namespace = f"volcano-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    chips = stub_uuids("gpu-a")
+    other_node = stub_uuids("gpu-b")[0]
+    assert len(chips) == 4, chips
+    node_of = {uuid: f"/dev/iluvatar{i}" for i, uuid in enumerate(chips)}
+
+    stray = run_pod(release, namespace, "stray", other_node)
+    notes = stray["metadata"]["annotations"]
+    f = notes[DEV_KUBELET]
+    assert notes[DEV_REAL_ALLOC] == f and notes[PREDICATE_TIME] == CONSUMED, notes
+    assert seen(release, namespace, "stray") == ([node_of[f]], f)
+
+    index = chips.index(f)
+    s = chips[index ^ 1]  # its sibling on the board
+    a, b = [c for c in chips if c not in (f, s)]
+    one = run_pod(release, namespace, "one", a)
+    assert one["metadata"]["annotations"][DEV_KUBELET] == s, one["metadata"]["annotations"]  # best fit
+    assert one["metadata"]["annotations"][DEV_REAL_ALLOC] == a
+    assert seen(release, namespace, "one") == ([node_of[a]], a)
+
+    two = run_pod(release, namespace, "two", b)
+    assert two["metadata"]["annotations"][DEV_REAL_ALLOC] == b
+    assert seen(release, namespace, "two") == ([node_of[b]], b)
+
+    request_ok(api, "POST", f"{ns}/pods", volcano_pod("plain", release.image, None))
+    failed = wait_pod(
+        api,
+        namespace,
+        "plain",
+        "phase Failed",
+        lambda p: p if p["status"].get("phase") == "Failed" else None,
+        120,
+    )
+    message = failed["status"].get("message", "")
+    print(f"plain: {failed['status'].get('reason')}: {message}")
+    assert "which pod" in message and (f"{namespace}/one" in message or f"{namespace}/two" in message), (
+        message
+    )
+
+    three = run_pod(release, namespace, "three", s)
+    assert three["metadata"]["annotations"][DEV_KUBELET] in (a, b), three["metadata"]["annotations"]
+    assert seen(release, namespace, "three") == ([node_of[s]], s)
+
+    running = {name: seen(release, namespace, name)[1] for name in ("stray", "one", "two", "three")}
+    assert sorted(running.values()) == sorted(chips), running  # every chip once
+    counts = volcano_counts(release)
+    print(f"ix_gpu_plugin_volcano_allocations_total: {counts}")
+    assert (counts["volcano"], counts["fallback"], counts["refused"]) == (3, 1, 1), counts
+    assert get_pod(api, namespace, "plain") is not None
+    request_ok(api, "DELETE", ns)
