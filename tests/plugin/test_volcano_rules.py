@@ -70,6 +70,13 @@ def pod(name: str, volcano: str | None = None, when: str | None = None, **kw: An
     return facts
 
 
+def running(name: str, real_alloc: str, kubelet: str = "") -> PodFacts:
+    """A running pod that was bound ``real_alloc`` where the kubelet chose ``kubelet`` (as the
+    write-back records them)."""
+    notes = {DEV_REAL_ALLOC: real_alloc, **({DEV_KUBELET: kubelet} if kubelet else {})}
+    return pod(name, phase="Running", annotations=notes)
+
+
 def test_a_pod_is_read_as_the_annotations_4_4_writes_and_reads() -> None:
     facts = pod_facts(
         api_pod(
@@ -159,8 +166,8 @@ def test_devices_not_on_the_node_unhealthy_or_held_fall_back_to_the_kubelets(
 ) -> None:
     resolve = resolver(SPLIT)
     health = {**HEALTHY, "GPU-01": False}
-    holder = pod("holder", phase="Running", annotations={DEV_REAL_ALLOC: "GPU-10"})
-    held = holdings([holder], {}, {}, resolve)
+    holder = running("holder", "GPU-10", "GPU-00")
+    held = holdings([holder], {"ml/holder": ("GPU-00",)}, {}, resolve, verified=True)
     p = pod("p", volcano, "1")
     decision = decide(["GPU-00"] * len(p.volcano or ()), p, health, held, resolve, verified=True)
     assert (decision.outcome, decision.ids) == (FALLBACK, ("GPU-00",) * len(p.volcano or ()))
@@ -178,7 +185,7 @@ def test_the_kubelets_choice_colliding_with_a_volcano_holding_is_refused_naming_
     kubelet now gives GPU-11 to another pod: refused, whether that pod matched or not."""
     resolve = resolver(SPLIT)
     v = pod("v", phase="Running", annotations={DEV_KUBELET: "GPU-00", DEV_REAL_ALLOC: "GPU-11"})
-    held = holdings([v], {"ml/v": ("GPU-00",)}, {}, resolve)
+    held = holdings([v], {"ml/v": ("GPU-00",)}, {}, resolve, verified=True)
     assert [(h.holder, h.device_id) for h in held] == [("ml/v", "GPU-11")]
     unmatched = decide(["GPU-11"], None, HEALTHY, held, resolve, verified=True)
     assert unmatched.outcome == REFUSED and unmatched.ids == ()
@@ -202,7 +209,7 @@ def test_devrealalloc_is_read_back_after_a_restart_and_wins_over_the_kubelets_li
         pod("done", phase="Succeeded", annotations={DEV_REAL_ALLOC: "GPU-10"}),
     ]
     kubelet = {"ml/volcano": ("GPU-00",), "ml/plain": ("GPU-01",), "ml/new": ("GPU-10",)}
-    held = holdings(pods, kubelet, {}, resolve)
+    held = holdings(pods, kubelet, {}, resolve, verified=True)
     assert sorted((h.holder, h.device_id) for h in held) == [
         ("ml/new", "GPU-10"),
         ("ml/plain", "GPU-01"),
@@ -210,13 +217,13 @@ def test_devrealalloc_is_read_back_after_a_restart_and_wins_over_the_kubelets_li
     ]
     # What this process bound and the watch has not shown yet wins over the kubelet's list.
     fresh = pod("fresh", phase="Pending")
-    held = holdings([fresh], {"ml/fresh": ("GPU-00",)}, {"uid-fresh": ("GPU-10",)}, resolve)
+    held = holdings([fresh], {"ml/fresh": ("GPU-00",)}, {"uid-fresh": ("GPU-10",)}, resolve, verified=True)
     assert [(h.holder, h.device_id) for h in held] == [("ml/fresh", "GPU-10")]
 
 
 def test_a_board_holds_both_its_chips_and_replicas_share_a_chip_but_not_an_id() -> None:
     resolve = resolver(BOARDS)
-    held = holdings([pod("b", phase="Running", annotations={DEV_REAL_ALLOC: "GPU-00"})], {}, {}, resolve)
+    held = holdings([running("b", "GPU-00", "GPU-10")], {"ml/b": ("GPU-10",)}, {}, resolve, verified=True)
     assert held[0].chips == {"GPU-00", "GPU-01"}
     boards = {d.id: True for d in BOARDS.devices}
     assert decide(["GPU-00"], None, boards, held, resolve, verified=True).outcome == REFUSED
@@ -224,13 +231,15 @@ def test_a_board_holds_both_its_chips_and_replicas_share_a_chip_but_not_an_id() 
         decide(["GPU-00"], pod("p", "GPU-10", "1"), boards, held, resolve, verified=True).outcome == VOLCANO
     )
     shared = resolver(SHARED)
-    held = holdings([pod("r", phase="Running", annotations={DEV_REAL_ALLOC: "GPU-00::0"})], {}, {}, shared)
+    held = holdings(
+        [running("r", "GPU-00::0", "GPU-11::1")], {"ml/r": ("GPU-11::1",)}, {}, shared, verified=True
+    )
     health = {d.id: True for d in SHARED.devices}
     other_replica = decide(["GPU-10::0"], pod("p", "GPU-00::1", "1"), health, held, shared, verified=True)
     assert other_replica.outcome == VOLCANO
     same_replica = decide(["GPU-10::0"], pod("p", "GPU-00::0", "1"), health, held, shared, verified=True)
     assert same_replica.outcome == FALLBACK and "which pod ml/r holds" in same_replica.reason
-    whole = holdings([pod("w", phase="Running", annotations={DEV_REAL_ALLOC: "GPU-00"})], {}, {}, shared)
+    whole = holdings([running("w", "GPU-00", "GPU-11")], {"ml/w": ("GPU-11",)}, {}, shared, verified=True)
     assert decide(["GPU-00::1"], None, health, whole, shared, verified=True).outcome == REFUSED
 
 
@@ -238,5 +247,27 @@ def test_a_pod_never_collides_with_itself() -> None:
     """A second container of a matched pod: its own holding is not another pod's."""
     resolve = resolver(SPLIT)
     p = pod("p", "GPU-10", "1")
-    held = holdings([p], {}, {"uid-p": ("GPU-10",)}, resolve)
+    held = holdings([p], {}, {"uid-p": ("GPU-10",)}, resolve, verified=True)
     assert decide(["GPU-00"], p, HEALTHY, held, resolve, verified=True).outcome == VOLCANO
+
+
+def test_a_devrealalloc_the_kubelet_does_not_back_is_not_believed() -> None:
+    """A pod's owner writes its annotations. A DevRealAlloc forged at creation must neither hide the
+    chip the kubelet really gave the pod (another pod would be bound to it too) nor take chips the
+    pod never got: it counts only with a DevKubelet naming what the kubelet lists, and as many.
+    Without PodResources every DevRealAlloc is believed (a refusal too many, never a chip twice)."""
+    resolve = resolver(SPLIT)
+    forged = [
+        running("idle", "GPU-00,GPU-01,GPU-10,GPU-11"),  # no GPU from the kubelet
+        running("greedy", "GPU-00,GPU-01,GPU-10"),  # one GPU from the kubelet
+        running("hiding", "GPU-01", "GPU-00"),  # got GPU-11; claims it was bound GPU-01 instead
+    ]
+    kubelet = {"ml/greedy": ("GPU-10",), "ml/hiding": ("GPU-11",)}
+    held = holdings(forged, kubelet, {}, resolve, verified=True)
+    assert sorted((h.holder, h.device_id) for h in held) == [("ml/greedy", "GPU-10"), ("ml/hiding", "GPU-11")]
+    assert decide(["GPU-00"], None, HEALTHY, held, resolve, verified=True).outcome == UNMATCHED
+    stealing = decide(["GPU-00"], pod("p", "GPU-11", "1"), HEALTHY, held, resolve, verified=True)
+    assert stealing.outcome == FALLBACK and "which pod ml/hiding holds" in stealing.reason
+    unverified = holdings(forged, {}, {}, resolve, verified=False)
+    assert len(unverified) == 8
+    assert decide(["GPU-00"], None, HEALTHY, unverified, resolve, verified=False).outcome == REFUSED

@@ -12,9 +12,14 @@ What 4.4 does not do, and this does: Volcano's devices are bound only when every
 advertised here, Healthy, and held by no other pod; otherwise the kubelet's choice is bound,
 unless one of its chips is held (then the allocation is refused: binding it would give one chip
 to two pods). "Held" is what is physically bound, which on such a node differs from what the
-kubelet believes: a pod's ``iluvatar.com/DevRealAlloc`` (written back after each binding, so a
-restarted plugin still knows it), this process's bindings the watch has not shown yet, else what
-the kubelet's PodResources lists for the pod.
+kubelet believes: this process's bindings, else a pod's ``iluvatar.com/DevRealAlloc`` (written
+back after each binding, so a restarted plugin still knows it) where the kubelet's PodResources
+backs it, else what PodResources lists for the pod (:func:`holdings`).
+
+Pods' annotations are their owners' to write. A tenant's pod can name devices in its own
+DevVolcano and an early predicate-time, and so steer which free device another waiting pod of the
+same size gets (as with 4.4). Its DevRealAlloc counts only where its DevKubelet names the devices
+the kubelet really gave it (and the chart's policy lets nobody but the plugin write either).
 """
 
 from __future__ import annotations
@@ -197,11 +202,22 @@ def holdings(
     kubelet_held: Mapping[str, Sequence[str]],
     bound: Mapping[str, Sequence[str]],
     resolve: Callable[[str], Resolved | None],
+    *,
+    verified: bool,
 ) -> list[Held]:
     """What this node's pods hold. ``kubelet_held``: pod key → the device IDs PodResources lists for
     it (the kubelet's own, which a Volcano binding replaced); ``bound``: pod uid → the IDs this
-    process bound. A pod that is over holds nothing; a pod PodResources lists that the watch does
-    not show (new, or deleted with its containers still stopping) holds what the kubelet says."""
+    process bound; ``verified``: PodResources answered.
+
+    A pod that is over holds nothing. What this process bound, it holds. Otherwise a pod holds
+    what the kubelet gave it: its DevRealAlloc where the write-back's record backs it (its
+    DevKubelet names exactly the devices the kubelet lists, and DevRealAlloc as many), else the
+    kubelet's IDs. A pod's annotations are its owner's to write: a DevRealAlloc alone, forged at
+    creation, would hide the chip the pod really got (another pod could then be bound to it) or
+    block chips the pod never got. A pod PodResources lists that the watch does not show (new, or
+    deleted with its containers still stopping) holds what the kubelet says. Without PodResources
+    (not ``verified``) every DevRealAlloc is believed, for refusals only (Volcano's devices are not
+    bound then): they err on the side of never binding a chip twice."""
     out: list[Held] = []
     shown: set[str] = set()
 
@@ -215,7 +231,14 @@ def holdings(
         shown.add(pod.key)
         if pod.terminal:
             continue
-        add(pod.key, bound.get(pod.uid) or pod.real_alloc or kubelet_held.get(pod.key) or ())
+        mine, listed, real = bound.get(pod.uid), kubelet_held.get(pod.key), pod.real_alloc
+        if mine:
+            add(pod.key, mine)
+        elif not verified:
+            add(pod.key, real or ())
+        elif listed:
+            backed = real is not None and len(real) == len(listed) and set(pod.kubelet or ()) == set(listed)
+            add(pod.key, real if backed and real is not None else listed)
     for key, ids in kubelet_held.items():
         if key not in shown:
             add(key, ids)
