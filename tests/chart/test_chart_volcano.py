@@ -53,7 +53,7 @@ def pod_rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_off_by_default_no_pod_rights_and_no_pod_policy() -> None:
     objects = render({})
     assert pod_rules(objects) == []
-    assert not [o for o in objects if o["metadata"]["name"] == f"{PLUGIN}-pods"]
+    assert not [o for o in objects if o["metadata"]["name"].startswith(f"{PLUGIN}-pod")]
     assert "usevolcano" not in find(objects, "ConfigMap", "ix-config")["data"]["ix-config"]
 
 
@@ -71,11 +71,10 @@ def test_usevolcano_reaches_the_ix_config_and_grants_list_watch_and_patch_on_pod
     policy = find(objects, "ValidatingAdmissionPolicy", f"{PLUGIN}-pods")
     (allowed,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "allowed"]
     assert allowed == "[" + ", ".join(f'"{a}"' for a in ANNOTATIONS) + "]"  # what the plugin writes
-    assert find(objects, "ValidatingAdmissionPolicyBinding", f"{PLUGIN}-pods")["spec"]["policyName"] == (
-        f"{PLUGIN}-pods"
-    )
+    for name in (f"{PLUGIN}-pods", f"{PLUGIN}-pod-records"):
+        assert find(objects, "ValidatingAdmissionPolicyBinding", name)["spec"]["policyName"] == name
     quiet = render({**ON, "plugin": {**ON["plugin"], "restrictPodWrites": False}})
-    assert pod_rules(quiet) and not [o for o in quiet if o["metadata"]["name"] == f"{PLUGIN}-pods"]
+    assert pod_rules(quiet) and not [o for o in quiet if o["metadata"]["name"].startswith(f"{PLUGIN}-pod")]
 
 
 def test_a_node_config_with_usevolcano_grants_it_and_mounts_the_token_without_node_labels() -> None:
@@ -115,18 +114,21 @@ def test_the_plugins_token_may_patch_only_the_volcano_annotations_of_its_own_nod
     """A token of the plugin's ServiceAccount bound to a pod on v1 (naming v1, as the pod's
     projected token does): the plugin's own write-back of a binding goes through and its watch of
     v1's pods sees them; every other change of a pod is refused, and so is any change of v2's."""
-    objects = [
+    rbac = [
         o
         for o in render(ON)
-        if (
-            o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-            and o["metadata"]["name"] == PLUGIN
-        )
-        or (o["kind"].startswith("ValidatingAdmissionPolicy") and o["metadata"]["name"] == f"{PLUGIN}-pods")
+        if o["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+        and o["metadata"]["name"] == PLUGIN
     ]
-    assert len(objects) == 5, [(o["kind"], o["metadata"]["name"]) for o in objects]
+    policies = [
+        o
+        for o in render(ON)
+        if o["kind"].startswith("ValidatingAdmissionPolicy")
+        and o["metadata"]["name"] in (f"{PLUGIN}-pods", f"{PLUGIN}-pod-records")
+    ]
+    assert (len(rbac), len(policies)) == (3, 4), [(o["kind"], o["metadata"]["name"]) for o in rbac + policies]
     _ensure_namespace(kube_api, NS)
-    server_side_apply(kube_api, objects)
+    server_side_apply(kube_api, rbac)
     for node in ("v1", "v2"):
         _node(kube_api, node)
     namespace = "volcano-ml"
@@ -149,6 +151,7 @@ def test_the_plugins_token_may_patch_only_the_volcano_annotations_of_its_own_nod
         )  # fmt: skip
         assert status == 200, train
     assert {e["manager"] for e in train["metadata"]["managedFields"]} >= {"vc-scheduler", "ix-device-plugin"}
+    server_side_apply(kube_api, policies)  # after the writes of a plugin that ran before
     token = _pod_token(kube_api, PLUGIN, "v1")
     pods = f"/api/v1/namespaces/{namespace}/pods"
 
@@ -167,6 +170,15 @@ def test_the_plugins_token_may_patch_only_the_volcano_annotations_of_its_own_nod
         return patch(name, {"metadata": {"annotations": values}})
 
     wait_until(lambda: annotate("elsewhere", {PREDICATE_TIME: "1"})[0] in (403, 422), "policy in force", 30)
+    forged = {
+        "metadata": {"name": "forged", "annotations": {DEV_REAL_ALLOC: "GPU-1"}},
+        "spec": {"nodeName": "v1", "containers": [{"name": "main", "image": "ix-gpu"}]},
+    }
+    wait_until(
+        lambda: _call(kube_api, "POST", f"/api/v1/namespaces/{namespace}/pods", forged)[0] == 422,
+        "records policy in force",
+        30,
+    )
     monkeypatch.setattr(apiserver, "USER_AGENT", apiserver.USER_AGENT)
     apiserver.identify("plugin")  # the plugin's field manager, ix-gpu-plugin
     api = apiserver.ApiServer(kube_api.url, token, str(kube_api.ca_path))
@@ -246,3 +258,26 @@ def test_the_plugins_token_may_patch_only_the_volcano_annotations_of_its_own_nod
     status, after = _call(kube_api, "GET", f"{pods}/train")
     assert after["metadata"]["annotations"] == stored["metadata"]["annotations"]
     assert after["metadata"]["labels"] == {"app": "train"} and not after["metadata"].get("finalizers")
+    # Nobody else writes the plugin's records, a cluster admin included: not on a new pod (above),
+    # not on one the plugin wrote; the pod's other annotations stay its owner's.
+    records = {
+        "changing DevRealAlloc": {DEV_REAL_ALLOC: "GPU-0"},
+        "removing DevKubelet": {DEV_KUBELET: None},
+    }
+    for what, values in records.items():
+        status, reply = _call(
+            kube_api,
+            "PATCH",
+            f"{pods}/train",
+            {"metadata": {"annotations": values}},
+            "application/merge-patch+json",
+        )
+        assert status == 422 and "only the device plugin writes" in str(reply), (what, status, reply)
+    status, reply = _call(
+        kube_api,
+        "PATCH",
+        f"{pods}/train",
+        {"metadata": {"annotations": {"team": "b"}}},
+        "application/merge-patch+json",
+    )
+    assert status == 200, reply
