@@ -10,31 +10,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ix_gpu.dra.api import dra_v1_pb2 as dra
 from ix_gpu.kube.apiserver import ApiServer
 from tests.dra.dra_testkit import claim, dra_client, result, running, settings
 from tests.dra.fake_resource_api import FakeResourceApi
 from tests.dra.test_dra_prepare_failures import counted, spec_file
+from tests.support.fake_resets import chip_reset, resets
 
 pytestmark = pytest.mark.timeout(60)
 
 UUID = "GPU-7d0d7c1e-6f0a-5a4c-9b51-0a1b2c3d4e0{}".format
-
-
-def resets(devices: Path) -> list[list[str]]:
-    log = devices.with_name(devices.name + ".resets")
-    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def chip_reset(devices: Path, uuid: str, **how: object) -> None:
-    document = yaml.safe_load(devices.read_text())
-    for board in document["boards"]:
-        for chip in board["chips"]:
-            if chip["uuid"] == uuid:
-                chip["reset"] = how
-    devices.write_text(yaml.safe_dump(document))
 
 
 def test_a_new_claims_chips_are_reset_once_and_a_board_whole(

@@ -11,31 +11,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-import yaml
 
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from tests.plugin.kubelet_fake import FakeKubelet
 from tests.plugin.test_plugin_kubelet import UUID, allocate, plugin_and_kubelet, run
+from tests.support.fake_resets import chip_reset, resets
 
 pytestmark = pytest.mark.timeout(60)
 
 RESET = "flags:\n  reset_gpu: true\n"
 SPLIT_RESET = "flags:\n  splitboard: true\n  reset_gpu: true\ngpuReset:\n  timeoutSeconds: 2\n"
-
-
-def chip_reset(devices: Path, uuid: str, **how: object) -> None:
-    """Give chip ``uuid`` of the devices file a ``reset:`` entry (how its reset goes)."""
-    document = yaml.safe_load(devices.read_text())
-    for board in document["boards"]:
-        for chip in board["chips"]:
-            if chip["uuid"] == uuid:
-                chip["reset"] = how
-    devices.write_text(yaml.safe_dump(document))
-
-
-def resets(devices: Path) -> list[list[str]]:
-    log = devices.with_name(devices.name + ".resets")
-    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
 
 
 def counted(metrics: bytes, result: str) -> float:
