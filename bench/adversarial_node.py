@@ -30,8 +30,8 @@ Figures: good claims prepared, hostile ones failed alone (each with its reason),
 time.
 
 The stolen-token writes are tests on the real apiserver (tests/k8s, pod-bound tokens), not here.
-Needs root (runc), runc, gcc and the host's glibc ldconfig. ``tests/plugin/test_adversarial_node_bench.py``
-runs it at a small size in CI.
+Needs root (runc), the real nodes' runc (``tests/support/tier_runc.py``), gcc and the host's glibc
+ldconfig. ``tests/plugin/test_adversarial_node_bench.py`` runs it at a small size in CI.
 """
 
 from __future__ import annotations
@@ -74,13 +74,14 @@ from tests.support.hostile_roots import (  # noqa: E402
     snapshot,
 )
 from tests.support.paths import FAKE_DEVICES  # noqa: E402
+from tests.support.tier_runc import tier_runc  # noqa: E402
 
 
 def one_root(runc: str, work: Path, case: str, host: Path) -> dict[str, Any]:
     """``case`` ("benign" or a HOSTILE key) under runc; what it did."""
     bundle, driver = make_bundle(work), work / "driver"
     rootfs = bundle / "rootfs"
-    runc_driver_bundle(bundle, driver)
+    runc_driver_bundle(bundle, driver, runc)
     if case != "benign":
         HOSTILE[case](rootfs, f"/proc/1/root{host}")
     before = snapshot(host), snapshot(driver)
@@ -135,7 +136,7 @@ def generated_root(runc: str, work: Path, seed: int, host: Path, layout: Path) -
     """One generated root (``seed``) under runc on host ``layout``; what it did."""
     bundle, driver = make_bundle(work), work / "driver"
     rootfs = bundle / "rootfs"
-    runc_driver_bundle(bundle, driver)
+    runc_driver_bundle(bundle, driver, runc)
     features = generate(seed, str(host), work.parent, rootfs)
     before = snapshot(host), snapshot(driver)
     name = f"ix-gpu-generated-{os.getpid()}-{time.monotonic_ns()}"
@@ -266,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("adversarial_node: runc needs root", file=sys.stderr)
         return 2
-    runc = shutil.which("runc")
-    if runc is None:
-        print("adversarial_node: no runc (tests/k8s/node-packages.sh installs it)", file=sys.stderr)
+    try:
+        runc = tier_runc()  # the real nodes' runc
+    except RuntimeError as error:
+        print(f"adversarial_node: no runc: {error}", file=sys.stderr)
         return 2
     figures: dict[str, Any] = {}
     if not args.only_generated:

@@ -1,14 +1,18 @@
 """Fixtures of the node layer's suites: libixml's stand-in (tests/node/fake_ixml.c) compiled once,
-and the environment that points the ixml backend at it with a scripted set of chips."""
+the environment that points the ixml backend at it with a scripted set of chips, and the real
+nodes' runc for the tests that run ``runc create`` themselves."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.tier_runc import tier_runc
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,3 +60,12 @@ def ixml_env(libixml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("COREX_HOME", str(libixml))
     monkeypatch.setenv("FAKE_IXML_SCRIPT", str(script))
     yield script
+
+
+@pytest.fixture
+def runc() -> str:
+    """The real nodes' runc (tests/support/tier_runc.py: built from the module proxy on first use,
+    then cached), so what these tests prove of runc holds for the tier's nodes."""
+    if os.geteuid() != 0:
+        pytest.skip("runc runs containers as root only; scripts/test.sh runs these as root (CI does)")
+    return tier_runc()

@@ -170,15 +170,6 @@ def test_a_hostile_root_reads_and_writes_nothing_outside_it(bundle: Path, tmp_pa
         assert "linker cache left as it was" in result.stderr
 
 
-@pytest.fixture
-def runc() -> str:
-    if os.geteuid() != 0:
-        pytest.skip("runc runs containers as root only; scripts/test.sh runs these as root (CI does)")
-    found = shutil.which("runc")
-    assert found, "runc is installed by tests/k8s/node-packages.sh, which scripts/test.sh runs as root"
-    return found
-
-
 @pytest.mark.parametrize("case", ["benign", *sorted(HOSTILE)])
 def test_under_real_runc_the_hook_serves_the_driver_and_a_hostile_root_touches_no_host_file(
     runc: str, bundle: Path, tmp_path: Path, case: str
@@ -189,7 +180,7 @@ def test_under_real_runc_the_hook_serves_the_driver_and_a_hostile_root_touches_n
     host = host_target(tmp_path / "host")
     driver = tmp_path / "driver"
     rootfs = bundle / "rootfs"
-    runc_driver_bundle(bundle, driver)
+    runc_driver_bundle(bundle, driver, runc)
     if case != "benign":
         HOSTILE[case](rootfs, f"/proc/1/root{host}")
     before = snapshot(host), snapshot(driver)
@@ -264,7 +255,7 @@ def test_under_real_runc_on_every_host_layout_no_file_of_the_image_runs(
     created, the payload never runs, and the driver is cached where a static ldconfig exists."""
     driver = tmp_path / "driver"
     rootfs = bundle / "rootfs"
-    runc_driver_bundle(bundle, driver)
+    runc_driver_bundle(bundle, driver, runc)
     plant_payload(rootfs, tmp_path)
     name = f"ix-gpu-ldcache-{os.getpid()}-{layout}"
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -16,6 +15,7 @@ from tests.support.adversarial import adversarial_seed
 from tests.support.host_layouts import LAYOUTS
 from tests.support.hostile_roots import HOSTILE, RUNC_REFUSES
 from tests.support.paths import ROOT
+from tests.support.tier_runc import tier_runc
 
 
 def bench() -> ModuleType:
@@ -29,8 +29,7 @@ def bench() -> ModuleType:
 def test_no_hostile_root_changes_a_host_file_and_the_benign_one_finds_the_driver() -> None:
     if os.geteuid() != 0:
         pytest.skip("runc runs containers as root only; scripts/test.sh runs this as root (CI does)")
-    runc = shutil.which("runc")
-    assert runc, "runc is installed by tests/k8s/node-packages.sh, which scripts/test.sh runs as root"
+    runc = tier_runc()  # the real nodes' runc
     figures = bench().roots(runc, 1)
     print(figures)
     assert figures["hostileRootsTried"] == len(HOSTILE)
@@ -50,8 +49,7 @@ def test_generated_roots_on_every_host_layout_harm_nothing() -> None:
     running, and every one created."""
     if os.geteuid() != 0:
         pytest.skip("runc and the host layouts need root; scripts/test.sh runs this as root (CI does)")
-    runc = shutil.which("runc")
-    assert runc, "runc is installed by tests/k8s/node-packages.sh, which scripts/test.sh runs as root"
+    runc = tier_runc()  # the real nodes' runc
     seed, source = adversarial_seed()
     figures = bench().generated(runc, seed % 10**9, GENERATED_PER_LAYOUT)
     print(f"seed {seed % 10**9} ({source}):", figures)

@@ -23,7 +23,8 @@ Not ``/dev`` or ``/sys`` as a link: runc handles those before the hook runs, and
 have the cases it refuses. (Drawn at random they found that Debian's runc 1.1.5 follows an image's
 ``/dev`` that is a link to an absolute path, or through ``/proc/self/root``, and creates its
 ``/dev/fd``, ``ptmx``, ``stdin``, ``stdout`` and ``stderr`` links in that host directory: runc's
-own hole, whatever hook runs.)
+own hole, whatever hook runs. The tier now builds runc 1.5, which writes nothing there:
+``tests/node/test_tier_runc.py``.)
 
 A root is reproduced from its seed alone: :func:`generate` is deterministic in ``seed``.
 """

@@ -241,12 +241,13 @@ def host_target(directory: Path) -> Path:
 RUNC_REFUSES = {"dev is a link to the host", "sys is a link to the host"}
 
 
-def runc_bundle(bundle: Path, driver: Path) -> None:
-    """``bundle`` made into a real runc bundle: ``runc spec``'s config with the driver's root bound
-    read-only where the CDI spec mounts it, and the hook as the CDI spec adds it. The process is
-    the host's static ldconfig (in the root, never run: the test stops at ``runc create``)."""
+def runc_bundle(bundle: Path, driver: Path, runc: str) -> None:
+    """``bundle`` made into a real runc bundle: the config ``runc spec`` of ``runc`` writes, with the
+    driver's root bound read-only where the CDI spec mounts it, and the hook as the CDI spec adds it.
+    The process is the host's static ldconfig (in the root, never run: the test stops at ``runc
+    create``)."""
     (bundle / "config.json").unlink()
-    subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
+    subprocess.run([runc, "spec", "--bundle", str(bundle)], check=True)
     config = json.loads((bundle / "config.json").read_text())
     config["process"].update(terminal=False, args=["/sbin/ldconfig", "-p"])
     config["root"] = {"path": "rootfs", "readonly": False}
@@ -268,14 +269,14 @@ def set_hook(bundle: Path, hook: dict[str, Any] | None) -> None:
     (bundle / "config.json").write_text(json.dumps(config))
 
 
-def runc_driver_bundle(bundle: Path, driver: Path) -> None:
+def runc_driver_bundle(bundle: Path, driver: Path, runc: str) -> None:
     """``bundle`` as :func:`runc_bundle` makes it, with the driver's library moved out of the root
     into ``driver``, which the bundle binds where the CDI spec mounts the driver's root."""
     rootfs = bundle / "rootfs"
     (driver / "lib64").mkdir(parents=True)
     shutil.move(rootfs / LIBRARY_DIR.lstrip("/") / "libixml.so", driver / "lib64/libixml.so")
     shutil.rmtree(rootfs / LIBRARY_DIR.lstrip("/"))
-    runc_bundle(bundle, driver)
+    runc_bundle(bundle, driver, runc)
 
 
 def runc_create(runc: str, bundle: Path, name: str, errors: Path, layout: Path | None = None) -> int:
