@@ -209,7 +209,7 @@ class VolcanoChoice:
         resolve = resolver(snapshot.devices)
         health = {d.id: snapshot.health(d) == HEALTHY for d in snapshot.devices.devices}
         bound = {uid: ids for uid, (_, ids) in self.bound.items()}
-        held = holdings(pods.pods(), kubelet_held, bound, resolve)
+        held = holdings(pods.pods(), kubelet_held, bound, resolve, verified=verified)
         decision = decide(requested, pod, health, held, resolve, verified)
         self._record(decision, requested)
         if decision.outcome == REFUSED:
