@@ -1422,3 +1422,13 @@ def test_the_namespace_lookup_budget_stays_below_the_apiservers_wait(
         0
     ]["args"]
     assert f"--namespace-lookup-budget={budget}" in args
+
+
+def test_reset_gpu_renders_into_the_ix_config_with_its_bound() -> None:
+    def ix_config(values: dict[str, Any]) -> Any:
+        configmap = find(render(values), "ConfigMap", "ix-config")
+        return parse_plugin_config(yaml.safe_load(configmap["data"]["ix-config"])).runtime()
+
+    assert ix_config({}).reset_gpu is False
+    on = ix_config({"plugin": {"config": {"flags": {"reset_gpu": True}, "gpuReset": {"timeoutSeconds": 30}}}})
+    assert (on.reset_gpu, on.reset_timeout_seconds) == (True, 30)
