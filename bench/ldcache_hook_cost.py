@@ -11,8 +11,8 @@ costs without us. Figures: p50, p90 and mean per arm, in milliseconds, and each 
 baseline's.
 
 The baseline's hook is read with ``git show <rev>:ix_gpu/node/devices/ldcache_hook.py`` and loaded
-as a module of its own; nothing of the checkout changes. Needs root (runc), runc, gcc and a static
-glibc ldconfig.
+as a module of its own; nothing of the checkout changes. Needs root, the real nodes' runc
+(``tests/support/tier_runc.py``), gcc and a static glibc ldconfig.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from tests.support.hostile_roots import (  # noqa: E402
     runc_driver_bundle,
     set_hook,
 )
+from tests.support.tier_runc import tier_runc  # noqa: E402
 
 Hook = Callable[[list[str]], dict[str, Any]]
 
@@ -66,7 +67,7 @@ def hook_at(revision: str) -> Hook:
 def one_run(runc: str, work: Path, hook: Hook | None) -> float:
     """Seconds of one ``runc create`` of a fresh benign bundle whose spec carries ``hook``."""
     bundle = make_bundle(work)
-    runc_driver_bundle(bundle, work / "driver")
+    runc_driver_bundle(bundle, work / "driver", runc)
     set_hook(bundle, None if hook is None else hook([LIBRARY_DIR]))
     name = f"ix-gpu-cost-{os.getpid()}-{time.monotonic_ns()}"
     started = time.monotonic()
@@ -115,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("ldcache_hook_cost: runc needs root", file=sys.stderr)
         return 2
-    runc = shutil.which("runc")
-    if runc is None:
-        print("ldcache_hook_cost: no runc (tests/k8s/node-packages.sh installs it)", file=sys.stderr)
+    try:
+        runc = tier_runc()  # the real nodes' runc
+    except RuntimeError as error:
+        print(f"ldcache_hook_cost: no runc: {error}", file=sys.stderr)
         return 2
     result = compare(runc, args.baseline, args.runs)
     if args.json:
