@@ -1432,3 +1432,11 @@ def test_reset_gpu_renders_into_the_ix_config_with_its_bound() -> None:
     assert ix_config({}).reset_gpu is False
     on = ix_config({"plugin": {"config": {"flags": {"reset_gpu": True}, "gpuReset": {"timeoutSeconds": 30}}}})
     assert (on.reset_gpu, on.reset_timeout_seconds) == (True, 30)
+    # The reset's tool is in the driver's bin: both agents are told where the driver root is.
+    objects = render({"plugin": {"driver": {"root": "/opt/corex"}}, "dra": {"enabled": True}})
+    daemonsets = [o for o in objects if o["kind"] == "DaemonSet"]
+    assert len(daemonsets) == 2  # the device plugin's and the DRA plugin's
+    for daemonset in daemonsets:
+        container = daemonset["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["COREX_HOME"] == "/opt/corex", daemonset["metadata"]["name"]
