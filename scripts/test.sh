@@ -7,10 +7,11 @@
 #      cached), side by side: Kubernetes v1.37.2 whole (apiserver, controller-manager, scheduler,
 #      kubelet, kube-proxy, the device-manager harness, fake-cri), the kube-apiserver of v1.35.4
 #      (the oldest supported minor) and helm v4.3.1;
-#   4. for the real-node tier (as root): installs runc, the CNI plugins, iptables, buildah and
-#      mmdebstrap from Debian's packages, fetches containerd 1.7 (Debian's build, pinned by SHA-256),
-#      and builds the images its pods run (a local Debian base, the pause image, the project's
-#      Dockerfile, the training operator), beside the Go builds;
+#   4. for the real-node tier (as root): installs the CNI plugins, iptables, buildah, mmdebstrap and
+#      libseccomp-dev from Debian's packages, builds the nodes' runtime from the Go module proxy
+#      (containerd v2.3.7 and runc v1.5.3, tests/k8s/build-runtime.sh; IX_GPU_CONTAINERD=1.7 runs the
+#      nodes on Debian's containerd 1.7 instead), and builds the images its pods run (a local Debian
+#      base, the pause image, the project's Dockerfile, the training operator), beside the Go builds;
 #   5. runs pytest: everything but the tier (-m "not k8s") while the Go builds run at nice 10; the
 #      webhook's tests again on the native build (build/native-tree: the request path compiled by
 #      mypyc, as the image ships it; scripts/native-tree.sh); then the tier itself (-m k8s,
@@ -73,10 +74,12 @@ bg etcd bash tests/k8s/build-go-command.sh etcd                               # 
 bg prometheus bash tests/k8s/build-go-command.sh prometheus                   # Prometheus 3.16.0
 bg native nice -n 10 bash scripts/native-tree.sh build/native-tree           # mypyc, about a minute
 if [[ $EUID -eq 0 ]]; then
-    # The real-node tier: Debian packages first (the images need buildah), then its images (the
-    # base image and pip mostly wait on downloads while Go compiles).
+    # The real-node tier: Debian packages first (the images need buildah, runc libseccomp-dev),
+    # then its runtime and images (the base image and pip mostly wait on downloads while Go
+    # compiles). runc first: the tests below that run it (tests/node) wait for its build.
     bash tests/k8s/node-packages.sh
-    bash tests/k8s/containerd.sh >/dev/null
+    bg runc bash tests/k8s/build-runtime.sh runc                              # runc v1.5.3
+    bg containerd bash tests/k8s/containerd.sh                                # containerd v2.3.7
     bg images bash tests/k8s/build-images.sh
 fi
 
@@ -108,7 +111,11 @@ finish helm
 finish kwok
 finish etcd
 finish prometheus
-if [[ $EUID -eq 0 ]]; then finish images; fi
+if [[ $EUID -eq 0 ]]; then
+    finish runc
+    finish containerd
+    finish images
+fi
 
 step "pytest: the real-Kubernetes tier"
 export IX_GPU_K8S=1

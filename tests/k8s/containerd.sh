@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# The container runtime of the real-node tier: containerd 1.7, the oldest line that resolves CDI
+# The containerd of the real-node tier; prints the directory holding containerd, its runc shim and
+# ctr. The nodes' runc is the same in both lanes: build-runtime.sh runc (v1.5.3).
+#
+#   bash tests/k8s/containerd.sh                        # containerd 2.3 (the default lane)
+#   IX_GPU_CONTAINERD=1.7 bash tests/k8s/containerd.sh  # containerd 1.7 (the second lane)
+#
+# 2.3, the LTS line clusters move to (Kubernetes 1.35 is the last release to support 1.x), is built
+# from the Go module proxy by build-runtime.sh, pinned and cached as the Kubernetes builds are.
+# 1.7 is kept as a lane of its own because it costs one download: the oldest line that resolves CDI
 # device IDs (the kubelet names a DRA claim's devices by CDI ID; containerd 1.6, bookworm's package,
 # ignores them). Debian trixie's build, whose binaries need only glibc >= 2.34, is fetched from the
 # Debian archive once, checked against the pinned SHA-256 and unpacked into the cache; nothing is
-# installed on the host. runc stays Debian's (node-packages.sh).
-#
-#   bash tests/k8s/containerd.sh      # prints the directory holding containerd, its runc shim, ctr
+# installed on the host.
 set -euo pipefail
+
+LANE="${IX_GPU_CONTAINERD:-2.3}"
+case "$LANE" in
+2.3) exec bash "$(dirname "${BASH_SOURCE[0]}")/build-runtime.sh" containerd ;;
+1.7) ;;
+*) echo "containerd.sh: IX_GPU_CONTAINERD must be 2.3 or 1.7, got '$LANE'" >&2; exit 2 ;;
+esac
 
 VERSION="1.7.24~ds1-6+deb13u1"
 SHA256="ed708deb96fe476a3bce4efa5c0538dfbcf717ab9a7c7944ba7260342c25899c"

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Install the Debian packages the real-node tier runs on (a no-op when they are there):
-#   runc                             each node's OCI runtime (containerd itself: containerd.sh)
+#   libseccomp-dev, pkg-config       to build runc with seccomp (build-runtime.sh builds the nodes'
+#                                    containerd and runc; Debian's runc 1.1.5 is not used)
 #   containernetworking-plugins      CNI bridge, host-local, loopback and portmap (/usr/lib/cni)
 #   iptables, conntrack              kube-proxy's iptables mode
 #   buildah, mmdebstrap              the images: the project's Dockerfile, a local Debian base
 # A policy-rc.d that refuses service starts is in place for the install only, so no package starts a
 # system daemon beside the tier's own.
 set -euo pipefail
-PACKAGES=(runc containernetworking-plugins iptables conntrack buildah mmdebstrap)
+PACKAGES=(libseccomp-dev pkg-config containernetworking-plugins iptables conntrack buildah mmdebstrap)
 missing=()
 for p in "${PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
-"""Real Nodes for the mini cluster: each a kubelet on its own containerd (1.7) and runc, with CNI pod
-networking and kube-proxy in iptables mode, so pods are real containers (own mount, PID and network
-namespaces, cgroup limits, a device cgroup, an image filesystem).
+"""Real Nodes for the mini cluster: each a kubelet on its own containerd (2.3 by default, 1.7 as a
+second lane) and runc (1.5; both in node_runtime.py), with CNI pod networking and kube-proxy in
+iptables mode, so pods are real containers (own mount, PID and network namespaces, cgroup limits, a
+device cgroup, an image filesystem).
 
 Layout on this machine (root; one real-node cluster at a time, the addresses are fixed):
 
@@ -56,6 +57,7 @@ import yaml
 
 from tests.k8s import host_settings
 from tests.k8s.k8s_tier import KUBELET_SYSCTLS, K8sBinaries, KubeAPI, unix_socket_ready, write_kubeconfig
+from tests.k8s.node_runtime import NodeRuntime, containerd_config, find_runtime
 from tests.support.paths import ROOT
 from tests.support.processes import Process, start_process
 from tests.support.waiting import wait_until
@@ -276,40 +278,6 @@ def cni_config(spec: RealNodeSpec) -> dict[str, Any]:
     }
 
 
-def containerd_config(spec: RealNodeSpec, pause_image: str) -> str:
-    root = spec.root
-    return f"""version = 2
-root = "{root}/containerd"
-state = "/run/containerd"
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
-]
-
-[grpc]
-  address = "{root}/containerd.sock"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause_image}"
-  # The sandbox may not raise its own oom_score_adj on this machine (no CAP_SYS_RESOURCE).
-  restrict_oom_score_adj = true
-  # CDI device IDs in CreateContainer (a DRA claim's devices) are resolved from these specs.
-  enable_cdi = true
-  cdi_spec_dirs = ["/var/run/cdi"]
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "/etc/cni/net.d"
-"""
-
-
 def libixml_script(spec: RealNodeSpec) -> str:
     """The stub libixml's devices for ``spec`` (format in tests/node/fake_ixml.c): the product
     name, then one line per chip, minors from 0."""
@@ -358,7 +326,7 @@ def stub_uuids(node: str) -> list[str]:
     return [line.split()[0] for line in script.splitlines() if line.startswith("GPU-")]
 
 
-def write_node_files(spec: RealNodeSpec, pause_image: str) -> None:
+def write_node_files(spec: RealNodeSpec, pause_image: str, runtime: NodeRuntime) -> None:
     """The node's directories, configs and driver root (the stub libixml compiled into it)."""
     root = spec.root
     if root.exists():
@@ -381,7 +349,7 @@ def write_node_files(spec: RealNodeSpec, pause_image: str) -> None:
     ):
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "cni-conf" / "10-ix-gpu-tier.conflist").write_text(json.dumps(cni_config(spec), indent=2))
-    (root / "containerd.toml").write_text(containerd_config(spec, pause_image))
+    (root / "containerd.toml").write_text(containerd_config(root, pause_image, runtime))
     for key, value in KUBELET_SYSCTLS.items():
         (root / "sysctl" / key.replace("/", ".")).write_text(f"{value}\n")
     corex = root / "corex"
@@ -423,7 +391,7 @@ def launcher_script(spec: RealNodeSpec, containerd_bin: Path) -> str:
         lines.append(f"mknod -m 666 /dev/iluvatar{minor} c {major} {dev_minor}")
     lines.append(f"mknod -m 666 /dev/itrctl c {CONTROL_DEVICE[0]} {CONTROL_DEVICE[1]}")
     lines.append(f'export PATH="{containerd_bin}:$PATH"')
-    lines.append(f"exec {containerd_bin}/containerd --config {r}/containerd.toml --log-level info")
+    lines.append(f"exec {containerd_bin}/containerd --config {r}/containerd.toml")  # log level in the config
     return "\n".join(lines) + "\n"
 
 
@@ -620,8 +588,9 @@ def kubelet_config(spec: RealNodeSpec) -> dict[str, Any]:
         "containerRuntimeEndpoint": f"unix://{spec.root}/containerd.sock",
         "failSwapOn": False,
         "failCgroupV1": False,
-        # containerd 1.7 does not answer the CRI RuntimeConfig call (2.0 does); the kubelet falls
-        # back to this.
+        # containerd 2 reports cgroupfs through the CRI RuntimeConfig call (its runc shim's
+        # SystemdCgroup is off) and the kubelet uses that; containerd 1.7 does not answer the call,
+        # and the kubelet falls back to this.
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": f"/{spec.netns}",
         "nodeStatusUpdateFrequency": "2s",
@@ -674,19 +643,19 @@ def start_real_node(
     log_dir: Path,
     images: Sequence[Path],
     *,
-    containerd_bin: Path,
+    runtime: NodeRuntime,
     pause_image: str,
     labels: dict[str, str] | None = None,
 ) -> RealNode:
     """Network, containerd (images imported), kubelet and kube-proxy of ``spec``; returns once the
     kubelet runs (``wait_ready`` waits for the Node)."""
-    node = RealNode(spec=spec, api=api, log_dir=log_dir, containerd_bin=containerd_bin)
+    node = RealNode(spec=spec, api=api, log_dir=log_dir, containerd_bin=runtime.containerd_bin)
     try:
-        write_node_files(spec, pause_image)
+        write_node_files(spec, pause_image, runtime)
         setup_node_network(spec)
         make_cgroup_root(spec.netns)
         launcher = spec.root / "launch.sh"
-        launcher.write_text(launcher_script(spec, containerd_bin))
+        launcher.write_text(launcher_script(spec, runtime.containerd_bin))
         node.containerd = start_process(
             f"containerd-{spec.name}",
             ["nsenter", f"--net=/run/netns/{spec.netns}", "--",
@@ -818,13 +787,13 @@ def remove_mount_points(created: Sequence[str]) -> None:
 
 IMAGES_SCRIPT = Path(__file__).resolve().parent / "build-images.sh"
 PACKAGES_SCRIPT = Path(__file__).resolve().parent / "node-packages.sh"
-CONTAINERD_SCRIPT = Path(__file__).resolve().parent / "containerd.sh"
 
 
 @dataclasses.dataclass(frozen=True)
 class Images:
     """The images build-images.sh made (the pause image's and the project image's references and
-    docker archives), and the directory of the containerd the nodes run (containerd.sh)."""
+    docker archives), and the runtime the nodes run (node_runtime.py; flat, so a cluster's state
+    file holds it as strings)."""
 
     pause_ref: str
     pause_archive: Path
@@ -840,12 +809,18 @@ class Images:
     """Each hostile root's case (tests/support/hostile_roots.py IMAGE_CASES) → its image."""
     hostile_root_archives: tuple[str, ...]
     containerd_bin: Path
+    containerd_version: str
+    runc: Path
+
+    @property
+    def runtime(self) -> NodeRuntime:
+        return NodeRuntime(Path(self.containerd_bin), self.containerd_version, Path(self.runc))
 
 
 def build_images() -> Images:
-    """Install the node packages if missing, fetch containerd and build (or find cached) the images."""
+    """Install the node packages if missing, build (or find cached) the images, containerd and runc."""
     last_lines = {}
-    for script in (PACKAGES_SCRIPT, CONTAINERD_SCRIPT, IMAGES_SCRIPT):
+    for script in (PACKAGES_SCRIPT, IMAGES_SCRIPT):
         result = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(
@@ -853,6 +828,7 @@ def build_images() -> Images:
             )
         last_lines[script] = (result.stdout.strip().splitlines() or [""])[-1]
     data = json.loads((Path(last_lines[IMAGES_SCRIPT]) / "images.json").read_text())
+    runtime = find_runtime()
     return Images(
         pause_ref=data["pause"]["ref"],
         pause_archive=Path(data["pause"]["archive"]),
@@ -866,7 +842,9 @@ def build_images() -> Images:
         library_check_archive=Path(data["library-check"]["archive"]),
         hostile_root_refs={case: image["ref"] for case, image in data["hostile-roots"].items()},
         hostile_root_archives=tuple(image["archive"] for image in data["hostile-roots"].values()),
-        containerd_bin=Path(last_lines[CONTAINERD_SCRIPT]),
+        containerd_bin=runtime.containerd_bin,
+        containerd_version=runtime.containerd_version,
+        runc=runtime.runc,
     )
 
 
@@ -929,7 +907,7 @@ class RealNodes:
                 spec,
                 log_dir,
                 archives,
-                containerd_bin=images.containerd_bin,
+                runtime=images.runtime,
                 pause_image=images.pause_ref,
                 labels=labels,
             )
