@@ -38,7 +38,7 @@ from tests.k8s import training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.live_prometheus import LivePrometheus, scrape_jobs, start_prometheus
-from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
+from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_pod, wait_running
 from tests.k8s.prometheus_tools import dashboard_queries, promtool
 from tests.k8s.real_nodes import (
     DRIVER_ROOT,
@@ -63,7 +63,7 @@ from tests.k8s.real_release import (
 )
 from tests.k8s.real_release import NAMESPACE as RELEASE_NAMESPACE
 from tests.support.cli import ix_gpu
-from tests.support.hostile_roots import IMAGE_CASES, TIER_TARGET, host_target, snapshot
+from tests.support.hostile_roots import IMAGE_CASES, NODE_RUNC_REFUSES, TIER_TARGET, host_target, snapshot
 from tests.support.paths import EXAMPLES, ROOT, load_yaml
 from tests.support.waiting import wait_until
 
@@ -861,10 +861,19 @@ def test_a_tenants_volumes_cannot_point_the_linker_cache_hook_at_the_host(releas
     shutil.rmtree(host)
 
 
+def refused_by_runc(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """``pod`` once its container's start failed on runc resolving a mount target in the root."""
+    for status in pod.get("status", {}).get("containerStatuses", []):
+        said = [status.get("state", {}).get("waiting", {}), status.get("lastState", {}).get("terminated", {})]
+        if any("too many levels of symbolic links" in state.get("message", "") for state in said):
+            return pod
+    return None
+
+
 def hostile_pods_run(release: Release, ns: str, pods: list[dict[str, Any]]) -> None:
     """Create ``pods`` (hostile images, tests/support/hostile_roots.py) in ``ns`` (a path) with the
-    host directory they aim at in place: each runs, and no file of that directory is created or
-    changed."""
+    host directory they aim at in place: each runs, or is refused by runc where the case is one it
+    refuses on a node, and no file of that directory is created or changed."""
     namespace = ns.rsplit("/", 1)[1]
     target = Path(TIER_TARGET)
     shutil.rmtree(target, ignore_errors=True)
@@ -874,7 +883,11 @@ def hostile_pods_run(release: Release, ns: str, pods: list[dict[str, Any]]) -> N
         for pod in pods:
             request_ok(release.api, "POST", f"{ns}/pods", pod)
         for pod in pods:
-            wait_running(release.api, namespace, pod["metadata"]["name"], timeout=120)
+            name = pod["metadata"]["name"]
+            if IMAGE_CASES[pod["metadata"]["labels"]["case"]] in NODE_RUNC_REFUSES:
+                wait_pod(release.api, namespace, name, "runc's refusal", refused_by_runc, 120)
+            else:
+                wait_running(release.api, namespace, name, timeout=120)
         assert snapshot(target) == before
     finally:
         request_ok(release.api, "DELETE", ns)
@@ -884,12 +897,18 @@ def hostile_pods_run(release: Release, ns: str, pods: list[dict[str, Any]]) -> N
 
 
 def hostile_pod(release: Release, case: str, claim: bool) -> dict[str, Any]:
-    """A pod of the hostile image ``case``: with a claim of template ``g``, else one GPU."""
+    """A pod of the hostile image ``case``: with a claim of template ``g``, else one GPU; none where
+    runc refuses the case on a node (before any device counts), so it holds no chip others need."""
     nodes = release.cluster.real_nodes
     assert nodes is not None and nodes.images is not None
     image = nodes.images.hostile_root_refs[case]
-    pod = image_library_pod(f"h-{secrets.token_hex(2)}", image, "g" if claim else None)
-    pod["metadata"]["labels"] = {"case": case[:63].rstrip("-")}
+    name = f"h-{secrets.token_hex(2)}"
+    if IMAGE_CASES[case] in NODE_RUNC_REFUSES:
+        pod = image_pod(name, image, [])
+    else:
+        pod = image_library_pod(name, image, "g" if claim else None)
+    assert len(case) <= 63, case  # hostile_pods_run reads the case back from this label
+    pod["metadata"]["labels"] = {"case": case}
     return pod
 
 
@@ -897,7 +916,8 @@ def test_a_pod_of_each_hostile_image_runs_through_dra_and_no_host_file_changes(r
     """One pod per hostile image (links from /etc, /var/cache/ldconfig and the cache into
     ``/proc/1/root<host dir>``, a SONAME with a newline, host paths in ld.so.conf, loops, a huge
     ld.so.conf, FIFOs), each with a claim: the claim's CDI hook runs over each under the node's
-    runc, every pod runs, and the host directory they aim at is as it was."""
+    runc, every pod runs (but /etc's, which runc refuses on a node: NODE_RUNC_REFUSES), and the host
+    directory they aim at is as it was."""
     namespace = f"hostile-img-{secrets.token_hex(3)}"
     ns = new_namespace(release.api, namespace)
     templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
@@ -1317,8 +1337,8 @@ def test_an_image_that_sets_its_library_path_keeps_it_through_the_cdi_device_plu
 def test_hostile_images_through_the_cdi_device_plugin_change_no_host_file(release: Release) -> None:
     """gpu-a is the device plugin's now, with ``deviceListStrategy: cdi``: the escapes of the
     hook's first form (``/etc`` and ``/var/cache/ldconfig`` linked into the host, a SONAME with a
-    newline) and a FIFO as the cache, one pod each on gpu-a's four chips, all run, and the host
-    directory they aim at is as it was."""
+    newline) and a FIFO as the cache, one pod each on gpu-a's chips, all run (but /etc's, which
+    runc refuses on a node: NODE_RUNC_REFUSES), and the host directory they aim at is as it was."""
     cases = [c for c in IMAGE_CASES if c.startswith(("etc-", "aux-cache", "a-soname", "fifos"))]
     assert len(cases) == 4, cases
     pods = [hostile_pod(release, case, claim=False) for case in cases]

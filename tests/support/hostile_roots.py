@@ -239,6 +239,12 @@ def host_target(directory: Path) -> Path:
 
 
 RUNC_REFUSES = {"dev is a link to the host", "sys is a link to the host"}
+NODE_RUNC_REFUSES = {"etc is a link to the host"}
+"""Roots the tier's runc (1.2 and later) runs alone but refuses on a node: the kubelet bind-mounts
+``/etc/hosts``, ``/etc/hostname`` and ``/etc/resolv.conf`` into every container, and runc resolves a
+mount target inside the root, where this ``/etc``, a link through ``/proc/1/root``, ends in ELOOP
+("too many levels of symbolic links"). Debian's runc 1.1.5 followed it and ran the pod. Their
+images are still built: on the real nodes a pod of one is refused, and its target left alone."""
 
 
 def runc_bundle(bundle: Path, driver: Path, runc: str) -> None:
