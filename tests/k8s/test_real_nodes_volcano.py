@@ -11,6 +11,11 @@ The kubelet's own choice is known in advance: its GetPreferredAllocation goes to
 chooses best-fit (the board with the fewest free chips that still fits). So after a first pod takes
 one chip, the kubelet's next choice is that chip's sibling, and every Volcano choice below differs
 from the kubelet's where it matters. The pods run one after the other, each waited for.
+
+``gpu-b`` is labelled for the ``reset`` config: ``flags.reset_gpu`` (Iluvatar's 4.4 key). Its
+driver root gets a stand-in ``bin/ixsmi`` (the real one resets chips; this one takes a moment, and
+fails saying what a file beside it says while that file exists): every GPU pod there runs after a
+reset of its chips, and a pod whose reset fails is refused with the tool's words.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.pods import get_pod, new_namespace, request_ok, wait_pod, wait_running
-from tests.k8s.real_nodes import Images, stub_uuids
+from tests.k8s.real_nodes import TIER_ROOT, Images, stub_uuids
 from tests.k8s.real_release import Release, image_pod, open_release
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
@@ -52,21 +57,39 @@ time.sleep(3600)
 """
 
 
+STUB_IXSMI = """#!/bin/sh
+# The tier's stand-in for the driver's ixsmi -r: a reset takes a moment; it fails while a file
+# ixsmi-fail lies in the driver root, with that file's words.
+root=$(dirname "$0")/..
+if [ -e "$root/ixsmi-fail" ]; then cat "$root/ixsmi-fail"; exit 1; fi
+sleep 0.3
+"""
+
+
 def volcano_values(images: Images) -> dict[str, Any]:
     values = real_node_chart_values(images)
-    values["plugin"]["nodeConfigs"] = {"volcano": {"flags": {"splitboard": True, "usevolcano": True}}}
+    values["plugin"]["nodeConfigs"] = {
+        "volcano": {"flags": {"splitboard": True, "usevolcano": True}},
+        "reset": {"flags": {"reset_gpu": True}, "gpuReset": {"timeoutSeconds": 20}},
+    }
     return values
 
 
 def install_volcano(release: Release) -> None:
-    """Label gpu-a for the ``volcano`` config, install the chart, wait for its four chips."""
-    status, reply = release.api.request(
-        "PATCH",
-        "/api/v1/nodes/gpu-a",
-        {"metadata": {"labels": {CONFIG_LABEL: "volcano"}}},
-        content_type="application/merge-patch+json",
-    )
-    assert status == 200, reply
+    """Label gpu-a for the ``volcano`` config and gpu-b for ``reset`` (its driver root given the
+    stand-in ixsmi), install the chart, wait for gpu-a's four chips."""
+    tool = TIER_ROOT / "gpu-b" / "corex" / "bin" / "ixsmi"
+    tool.parent.mkdir(exist_ok=True)
+    tool.write_text(STUB_IXSMI)
+    tool.chmod(0o755)
+    for node, config in (("gpu-a", "volcano"), ("gpu-b", "reset")):
+        status, reply = release.api.request(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"metadata": {"labels": {CONFIG_LABEL: config}}},
+            content_type="application/merge-patch+json",
+        )
+        assert status == 200, reply
     chart = str(ROOT / "charts" / "ix-gpu")
     result = release.helm(
         "install", RELEASE, chart, "--create-namespace", "-f", str(release.values_file()),
@@ -90,6 +113,7 @@ def release(
     ):
         install_volcano(installed)
         yield installed
+        (TIER_ROOT / "gpu-b" / "corex" / "bin" / "ixsmi").unlink(missing_ok=True)
 
 
 def volcano_pod(name: str, image: str, chosen: str | None) -> dict[str, Any]:
@@ -124,17 +148,22 @@ def run_pod(release: Release, namespace: str, name: str, chosen: str | None) -> 
     return wait_running(release.api, namespace, name, timeout=120)
 
 
-def volcano_counts(release: Release) -> dict[str, float]:
-    """``ix_gpu_plugin_volcano_allocations_total`` by result, from gpu-a's plugin's /metrics."""
-    (pod,) = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == "gpu-a"]
+def plugin_counts(release: Release, node: str, family: str) -> dict[str, float]:
+    """``<family>`` by result, from ``node``'s plugin's /metrics."""
+    (pod,) = [p for p in release.pods("device-plugin") if p["spec"]["nodeName"] == node]
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9401/metrics", timeout=5) as answer:
         text = answer.read().decode()
     return {
         sample.labels["result"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "ix_gpu_plugin_volcano_allocations_total"
+        for metrics in text_string_to_metric_families(text)
+        for sample in metrics.samples
+        if sample.name == family
     }
+
+
+def volcano_counts(release: Release) -> dict[str, float]:
+    """``ix_gpu_plugin_volcano_allocations_total`` by result, from gpu-a's plugin's /metrics."""
+    return plugin_counts(release, "gpu-a", "ix_gpu_plugin_volcano_allocations_total")
 
 
 def test_volcanos_chips_are_bound_a_stray_choice_falls_back_and_no_chip_is_bound_twice(
@@ -203,4 +232,46 @@ def test_volcanos_chips_are_bound_a_stray_choice_falls_back_and_no_chip_is_bound
     print(f"ix_gpu_plugin_volcano_allocations_total: {counts}")
     assert (counts["volcano"], counts["fallback"], counts["refused"]) == (3, 1, 1), counts
     assert get_pod(api, namespace, "plain") is not None
+    request_ok(api, "DELETE", ns)
+
+
+def test_with_reset_gpu_a_pod_runs_after_its_chips_reset_and_one_whose_reset_fails_is_refused(
+    release: Release,
+) -> None:
+    """gpu-b's plugin resets a board (one device, all its chips) before each GPU pod there gets it; while
+    the stand-in ixsmi fails, the kubelet refuses the pod with the tool's words (the allocation is
+    never answered with chips that were not reset); counted in ix_gpu_plugin_gpu_resets_total."""
+    api = release.api
+    namespace = f"reset-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    on_b = {"kubernetes.io/hostname": "gpu-b"}
+    before = plugin_counts(release, "gpu-b", "ix_gpu_plugin_gpu_resets_total")
+    pod = image_pod("cleared", release.image, ["python3", "-c", CHECK], gpus=1, nodeSelector=on_b)
+    request_ok(api, "POST", f"{ns}/pods", pod)
+    wait_running(api, namespace, "cleared", timeout=120)
+    given, visible = seen(release, namespace, "cleared")
+    assert len(given) == len(visible.split(",")) >= 1  # a board (gpu-b's BI-V100: one chip each)
+    after = plugin_counts(release, "gpu-b", "ix_gpu_plugin_gpu_resets_total")
+    assert after["ok"] == before["ok"] + 1, (before, after)
+    fail = TIER_ROOT / "gpu-b" / "corex" / "ixsmi-fail"
+    fail.write_text("Unable to reset GPU: it is in use by another process\n")
+    try:
+        pod = image_pod("refused", release.image, ["python3", "-c", CHECK], gpus=1, nodeSelector=on_b)
+        request_ok(api, "POST", f"{ns}/pods", pod)
+        failed = wait_pod(
+            api,
+            namespace,
+            "refused",
+            "phase Failed",
+            lambda p: p if p["status"].get("phase") == "Failed" else None,
+            120,
+        )
+    finally:
+        fail.unlink()
+    message = failed["status"].get("message", "")
+    print(f"refused: {failed['status'].get('reason')}: {message}")
+    assert "GPU reset of" in message and "in use by another process" in message, message
+    assert "not handed out" in message, message
+    counts = plugin_counts(release, "gpu-b", "ix_gpu_plugin_gpu_resets_total")
+    assert counts["failed"] == before["failed"] + 1, counts
     request_ok(api, "DELETE", ns)
