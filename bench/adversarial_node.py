@@ -65,16 +65,14 @@ from tests.support.hostile_roots import (  # noqa: E402
     RUNC_REFUSES,
     cached,
     host_target,
-    leftovers,
     make_bundle,
     regular,
-    runc_create,
-    runc_delete,
     runc_driver_bundle,
     snapshot,
+    timed_create,
 )
 from tests.support.paths import FAKE_DEVICES  # noqa: E402
-from tests.support.tier_runc import tier_runc  # noqa: E402
+from tests.support.tier_runc import bench_runc  # noqa: E402
 
 
 def one_root(runc: str, work: Path, case: str, host: Path) -> dict[str, Any]:
@@ -86,12 +84,7 @@ def one_root(runc: str, work: Path, case: str, host: Path) -> dict[str, Any]:
         HOSTILE[case](rootfs, f"/proc/1/root{host}")
     before = snapshot(host), snapshot(driver)
     name = f"ix-gpu-adversarial-{os.getpid()}-{time.monotonic_ns()}"
-    started = time.monotonic()
-    try:
-        code = runc_create(runc, bundle, name, work / "runc.err")
-        seconds = time.monotonic() - started
-    finally:
-        runc_delete(runc, name)
+    code, seconds, left = timed_create(runc, bundle, name, work / "runc.err")
     host_after, driver_after = snapshot(host), snapshot(driver)
     changed = sorted(set(host_after.items()) ^ set(before[0].items())) + sorted(
         set(driver_after.items()) ^ set(before[1].items())
@@ -105,6 +98,7 @@ def one_root(runc: str, work: Path, case: str, host: Path) -> dict[str, Any]:
         "hostFilesChanged": len(changed),
         "hostLibrariesCached": len([p for p in entries.values() if "libhost" in p or str(host) in p]),
         "driverCached": entries.get("libixml.so") == f"{LIBRARY_DIR}/libixml.so",
+        "leftovers": len(left),
         "seconds": seconds,
     }
 
@@ -127,6 +121,7 @@ def roots(runc: str, rounds: int) -> dict[str, Any]:
         "hostFilesChanged": sum(r["hostFilesChanged"] for r in runs),
         "hostLibrariesCached": sum(r["hostLibrariesCached"] for r in runs),
         "benignFoundTheDriver": all(r["driverCached"] for r in runs if r["case"] == "benign"),
+        "leftoverProcesses": sum(r["leftovers"] for r in runs),
         "runcCreateSecondsP50": statistics.median(times),
         "runcCreateSecondsMax": times[-1],
     }
@@ -140,13 +135,7 @@ def generated_root(runc: str, work: Path, seed: int, host: Path, layout: Path) -
     features = generate(seed, str(host), work.parent, rootfs)
     before = snapshot(host), snapshot(driver)
     name = f"ix-gpu-generated-{os.getpid()}-{time.monotonic_ns()}"
-    started = time.monotonic()
-    try:
-        code = runc_create(runc, bundle, name, work / "runc.err", layout)
-        seconds = time.monotonic() - started
-        left_after_create = leftovers(rootfs)
-    finally:
-        runc_delete(runc, name)
+    code, seconds, left = timed_create(runc, bundle, name, work / "runc.err", layout)
     host_after, driver_after = snapshot(host), snapshot(driver)
     changed = len(set(host_after.items()) ^ set(before[0].items())) + len(
         set(driver_after.items()) ^ set(before[1].items())
@@ -161,7 +150,7 @@ def generated_root(runc: str, work: Path, seed: int, host: Path, layout: Path) -
         "hostLibrariesCached": len([p for p in entries.values() if "libhost" in p or str(host) in p]),
         "imageCodeRun": len(payload_ran(rootfs)),
         "pastBound": seconds > LDCONFIG_BOUND_S + BOUND_SLACK_S,
-        "leftovers": len(left_after_create) + len(leftovers(rootfs)),
+        "leftovers": len(left),
         "seconds": seconds,
     }
 
@@ -264,13 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-generated", action="store_true", help="skip the named roots and the claims")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("adversarial_node: runc needs root", file=sys.stderr)
-        return 2
-    try:
-        runc = tier_runc()  # the real nodes' runc
-    except RuntimeError as error:
-        print(f"adversarial_node: no runc: {error}", file=sys.stderr)
+    runc = bench_runc("adversarial_node")  # the real nodes' runc
+    if runc is None:
         return 2
     figures: dict[str, Any] = {}
     if not args.only_generated:

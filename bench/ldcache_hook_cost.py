@@ -39,12 +39,11 @@ from tests.support.hostile_roots import (  # noqa: E402
     LIBRARY_DIR,
     cached,
     make_bundle,
-    runc_create,
-    runc_delete,
     runc_driver_bundle,
     set_hook,
+    timed_create,
 )
-from tests.support.tier_runc import tier_runc  # noqa: E402
+from tests.support.tier_runc import bench_runc  # noqa: E402
 
 Hook = Callable[[list[str]], dict[str, Any]]
 
@@ -70,12 +69,7 @@ def one_run(runc: str, work: Path, hook: Hook | None) -> float:
     runc_driver_bundle(bundle, work / "driver", runc)
     set_hook(bundle, None if hook is None else hook([LIBRARY_DIR]))
     name = f"ix-gpu-cost-{os.getpid()}-{time.monotonic_ns()}"
-    started = time.monotonic()
-    try:
-        code = runc_create(runc, bundle, name, work / "runc.err")
-        seconds = time.monotonic() - started
-    finally:
-        runc_delete(runc, name)
+    code, seconds, _ = timed_create(runc, bundle, name, work / "runc.err")
     if code != 0:
         raise RuntimeError(f"runc create failed: {(work / 'runc.err').read_text()}")
     if hook is not None and cached(bundle / "rootfs").get("libixml.so") != f"{LIBRARY_DIR}/libixml.so":
@@ -113,13 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=200, help="runs per arm (default 200)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    if os.geteuid() != 0:
-        print("ldcache_hook_cost: runc needs root", file=sys.stderr)
-        return 2
-    try:
-        runc = tier_runc()  # the real nodes' runc
-    except RuntimeError as error:
-        print(f"ldcache_hook_cost: no runc: {error}", file=sys.stderr)
+    runc = bench_runc("ldcache_hook_cost")  # the real nodes' runc
+    if runc is None:
         return 2
     result = compare(runc, args.baseline, args.runs)
     if args.json:

@@ -64,6 +64,15 @@ def wait_running(api: KubeAPI, namespace: str, name: str, timeout: float = 90) -
     return wait_pod(api, namespace, name, "phase Running", running, timeout)
 
 
+def wait_failed(api: KubeAPI, namespace: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    """Pod ``name`` once it is Failed (the kubelet refused it at admission, say)."""
+
+    def failed(pod: dict[str, Any]) -> dict[str, Any] | None:
+        return pod if pod.get("status", {}).get("phase") == "Failed" else None
+
+    return wait_pod(api, namespace, name, "phase Failed", failed, timeout)
+
+
 def new_namespace(api: KubeAPI, name: str) -> str:
     """Create namespace ``name`` and wait for its default ServiceAccount (ServiceAccount admission
     refuses pods until the controller made it); returns its API path."""

@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.k8s.chart_values import real_node_chart_values
-from tests.k8s.pods import get_pod, new_namespace, request_ok, wait_pod, wait_running
+from tests.k8s.pods import get_pod, new_namespace, request_ok, wait_failed, wait_running
 from tests.k8s.real_nodes import TIER_ROOT, Images, stub_uuids
 from tests.k8s.real_release import Release, image_pod, open_release
 from tests.support.paths import ROOT
@@ -208,14 +208,7 @@ def test_volcanos_chips_are_bound_a_stray_choice_falls_back_and_no_chip_is_bound
     assert seen(release, namespace, "two") == ([node_of[b]], b)
 
     request_ok(api, "POST", f"{ns}/pods", volcano_pod("plain", release.image, None))
-    failed = wait_pod(
-        api,
-        namespace,
-        "plain",
-        "phase Failed",
-        lambda p: p if p["status"].get("phase") == "Failed" else None,
-        120,
-    )
+    failed = wait_failed(api, namespace, "plain")
     message = failed["status"].get("message", "")
     print(f"plain: {failed['status'].get('reason')}: {message}")
     assert "which pod" in message and (f"{namespace}/one" in message or f"{namespace}/two" in message), (
@@ -258,14 +251,7 @@ def test_with_reset_gpu_a_pod_runs_after_its_chips_reset_and_one_whose_reset_fai
     try:
         pod = image_pod("refused", release.image, ["python3", "-c", CHECK], gpus=1, nodeSelector=on_b)
         request_ok(api, "POST", f"{ns}/pods", pod)
-        failed = wait_pod(
-            api,
-            namespace,
-            "refused",
-            "phase Failed",
-            lambda p: p if p["status"].get("phase") == "Failed" else None,
-            120,
-        )
+        failed = wait_failed(api, namespace, "refused")
     finally:
         fail.unlink()
     message = failed["status"].get("message", "")

@@ -36,6 +36,7 @@ def test_no_hostile_root_changes_a_host_file_and_the_benign_one_finds_the_driver
     assert figures["refusedByRunc"] == len(RUNC_REFUSES) and figures["failedOtherwise"] == []
     assert figures["containersCreated"] == figures["rootsTried"] - len(RUNC_REFUSES)
     assert figures["hostFilesChanged"] == 0 and figures["hostLibrariesCached"] == 0
+    assert figures["leftoverProcesses"] == 0
     assert figures["benignFoundTheDriver"] is True
 
 

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,22 @@ def runc_create(runc: str, bundle: Path, name: str, errors: Path, layout: Path |
             check=False,
         )
     return created.returncode
+
+
+def timed_create(
+    runc: str, bundle: Path, name: str, errors: Path, layout: Path | None = None
+) -> tuple[int, float, list[str]]:
+    """:func:`runc_create`, timed, then ``runc delete``: the exit code, the seconds ``runc create``
+    took (the hook runs inside it), and the hook's processes left after the create and after the
+    delete (:func:`leftovers`)."""
+    started = time.monotonic()
+    try:
+        code = runc_create(runc, bundle, name, errors, layout)
+        seconds = time.monotonic() - started
+        left = leftovers(bundle / "rootfs")
+    finally:
+        runc_delete(runc, name)
+    return code, seconds, left + leftovers(bundle / "rootfs")
 
 
 def runc_delete(runc: str, name: str) -> None:

@@ -15,6 +15,7 @@ import functools
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.support.paths import ROOT
@@ -50,3 +51,16 @@ def runc_version(runc: str) -> tuple[int, int, int]:
     assert found, out
     major, minor, patch = (int(part) for part in found.groups())
     return major, minor, patch
+
+
+def bench_runc(command: str) -> str | None:
+    """The tier's runc for a bench (``command`` names it in messages): None after saying on stderr
+    why there is none (not root, or the build failed); the bench then exits 2."""
+    if os.geteuid() != 0:
+        print(f"{command}: runc needs root", file=sys.stderr)
+        return None
+    try:
+        return tier_runc()
+    except RuntimeError as error:
+        print(f"{command}: no runc: {error}", file=sys.stderr)
+        return None
