@@ -70,7 +70,6 @@ class DraMetrics:
         for reason in UNPREPARE_FAILURE_REASONS:
             self.unprepare_failures.labels(reason=reason)
 
-
     def record_reset(self, result: str, seconds: float) -> None:
         """:class:`ix_gpu.node.gpu_reset.ChipResetter`'s record (the reset's time is in the
         claim's prepare duration)."""
