@@ -323,6 +323,10 @@ class DraApp:
             else []
         )
 
+    def not_ready(self) -> list[str]:
+        """Why ``/readyz`` fails: the kubelet has not registered the driver yet."""
+        return [] if self.registration.registered else ["not registered with the kubelet"]
+
     def notes(self) -> list[str]:
         """What /healthz adds to a 200: not registered, not publishing and why, and API reads or
         slice writes that fail now (the node keeps what it last heard and published)."""

@@ -10,6 +10,7 @@ imports only the backend it runs.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from ix_gpu.node.agent import add_device_flags, add_kubeconfig_flag
@@ -22,6 +23,13 @@ from ix_gpu.process.usage import (
 )
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+SOCKET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # = plugin_sockets.SOCKET_ID, without grpclib
+
+
+def socket_id(text: str) -> str:
+    if not SOCKET_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be letters, digits and '-', up to 63, got {text[:80]!r}")
+    return text
 DEFAULT_METRICS_PORT = 9401
 
 
@@ -47,6 +55,14 @@ def _add_plugin(subparsers: argparse._SubParsersAction[Any]) -> None:
         metavar="DIR",
         default=DEFAULT_DEVICE_PLUGIN_DIR,
         help=f"kubelet device-plugin directory (default {DEFAULT_DEVICE_PLUGIN_DIR})",
+    )
+    plugin.add_argument(
+        "--socket-id",
+        type=socket_id,
+        metavar="ID",
+        help="make the plugin's socket its own, <resource>-<ID>.sock (the chart gives the pod's UID), so "
+        "that a new instance can serve and register beside the old one during a rolling update; default "
+        "none: the vendor plugin's name, iluvatar-gpu.sock",
     )
     plugin.add_argument(
         "--metrics-port",

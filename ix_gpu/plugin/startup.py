@@ -90,6 +90,7 @@ def _serve(args: argparse.Namespace, started: NodeStart, directory: Path, node_n
         pod_resources_socket=Path(args.pod_resources_socket) if args.pod_resources_socket else None,
         dra_driver=args.dra_driver,
         vendor_overrides=vendor_overrides(args),
+        socket_id=args.socket_id,
     )
 
     async def main() -> int:

@@ -32,6 +32,10 @@ class HealthSource(Protocol):
     def problems(self) -> list[str]:
         """Why /healthz fails (a restart would help); empty when healthy."""
 
+    def not_ready(self) -> list[str]:
+        """Why /readyz fails (the agent runs, but should not take over from another yet)."""
+        ...
+
     def notes(self) -> list[str]:
         """What is degraded but no reason to restart."""
 
@@ -46,10 +50,16 @@ def routes(agent: HealthSource) -> dict[str, Route]:
             return 503, _TEXT, ("\n".join(problems) + "\n").encode()
         return 200, _TEXT, "".join(f"{line}\n" for line in ["ok", *agent.notes()]).encode()
 
+    def readyz() -> Answer:
+        waiting = agent.not_ready() or agent.problems()
+        if waiting:
+            return 503, _TEXT, ("\n".join(waiting) + "\n").encode()
+        return 200, _TEXT, b"ok\n"
+
     def metrics() -> Answer:
         return 200, CONTENT_TYPE, agent.metrics_text()
 
-    return {"/healthz": healthz, "/metrics": metrics}
+    return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics}
 
 
 async def start_http_server(

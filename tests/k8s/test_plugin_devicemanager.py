@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -310,3 +311,44 @@ def test_cdi_strategy_with_an_unwritable_spec_dir_advertises_nothing(
         assert harness.capacity()["capacity"].get(RESOURCE, 0) == 0
     finally:
         plugin.stop()
+
+
+# --------------------------------------------------------------------------- a rolling update
+
+
+def test_a_second_instance_takes_over_without_the_allocatable_dropping(
+    start_plugin: StartPlugin, tmp_path: Path, k8s_log_dir: Path
+) -> None:
+    """A DaemonSet rolling with maxSurge: the new pod's plugin starts and registers while the old
+    one still serves, then the old one is stopped. The device manager must count the node's devices
+    allocatable throughout (sampled every 20 ms): a GPU pod admitted meanwhile would otherwise be
+    rejected (UnexpectedAdmissionError), and the scheduler sees the node empty."""
+    harness, old = start_plugin(devices_yaml(), seed_config())
+    assert counts(harness.capacity()) == (2, 2)
+    seen: list[int] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            seen.append(counts(harness.capacity())[1])
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    new = PluginProcess(
+        tmp_path / "plugin-new", harness.dir, devices_yaml(), seed_config(), k8s_log_dir,
+        name="ix-gpu-plugin-rolling-new", extra_args=("--socket-id", "new"),
+    ).start()  # fmt: skip
+    try:
+        registered = "registered iluvatar.com/gpu"
+        wait_until(lambda: registered in new.log.read_text(), "the new instance's registration", REGISTER_S)
+        time.sleep(0.5)
+        assert old.terminate() == 0, old.log_tail()
+        time.sleep(3)
+    finally:
+        sampling.set()
+        sampler.join()
+    print(f"allocatable over the handover ({len(seen)} samples): min {min(seen)}, last {seen[-1]}")
+    assert min(seen) == 2 and counts(harness.capacity()) == (2, 2), seen
+    assert allocate(harness, "after", 1)["ok"]
+    new.stop()

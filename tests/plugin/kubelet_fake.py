@@ -88,6 +88,19 @@ class FakeKubelet:
         await asyncio.sleep(pause)
         await self.start()
 
+    async def disconnect(self) -> None:
+        """Close the connection to the registered plugin and its ListAndWatch, and stay up: what a
+        kubelet before 1.37 does to the newest plugin of a resource when an older one's stream ends."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
     async def on_register(self, request: pb.RegisterRequest) -> None:
         endpoint = self.directory / request.endpoint
         if self._channel is not None:

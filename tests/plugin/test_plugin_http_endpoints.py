@@ -36,6 +36,10 @@ class FakePlugin:
         self.metrics = PluginMetrics()
         self.reasons: list[str] = []
         self.degraded: list[str] = []
+        self.waiting: list[str] = []
+
+    def not_ready(self) -> list[str]:
+        return list(self.waiting)
 
     def problems(self) -> list[str]:
         return list(self.reasons)
@@ -136,7 +140,18 @@ def test_healthz_metrics_and_unknown_paths(endpoint: Endpoint) -> None:
     assert b"# TYPE " in answer.body
     assert answer.body.endswith(b'ix_gpu_chip_telemetry_stale{uuid="GPU-0"} 0.0\n')  # the chips' lines last
     answer = endpoint.get("/nothing")
-    assert answer.status == 404 and answer.body == b"not found: try /healthz or /metrics\n"
+    assert answer.status == 404 and answer.body == b"not found: try /healthz or /metrics or /readyz\n"
+
+
+def test_readyz_waits_for_registration_and_health(endpoint: Endpoint) -> None:
+    """/readyz: 200 only when the agent is registered and healthy (a rolling update stops the old
+    plugin only once the new one is ready)."""
+    assert endpoint.get("/readyz").body == b"ok\n"
+    endpoint.plugin.waiting = ["not registered with the kubelet"]
+    answer = endpoint.get("/readyz")
+    assert (answer.status, answer.body) == (503, b"not registered with the kubelet\n")
+    endpoint.plugin.waiting, endpoint.plugin.reasons = [], ["ixml gone"]
+    assert (endpoint.get("/readyz").status, endpoint.get("/healthz").status) == (503, 503)
 
 
 def test_head_is_answered_without_a_body(endpoint: Endpoint) -> None:

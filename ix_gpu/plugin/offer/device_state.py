@@ -52,6 +52,11 @@ class DeviceState:
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
+    @property
+    def closed(self) -> bool:
+        """The plugin is stopping: streams end because it ends them."""
+        return self._closed
+
     async def publish(self, snapshot: Snapshot) -> bool:
         """Replace the snapshot; wake the streams only if what the kubelet sees changed."""
         changed = snapshot.advertised() != self._snapshot.advertised() or snapshot.final

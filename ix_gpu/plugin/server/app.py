@@ -39,7 +39,7 @@ from ix_gpu.plugin.server.config_follower import ConfigFollower
 from ix_gpu.plugin.server.handout import ResetBeforeHandout
 from ix_gpu.plugin.server.metrics import PluginMetrics, telemetry_lines
 from ix_gpu.plugin.server.pod_resources import PodResourcesReader
-from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar, socket_name_for
+from ix_gpu.plugin.server.registration import MAX_SOCKET_PATH, Registrar
 from ix_gpu.plugin.server.servicer import DevicePluginServicer
 from ix_gpu.plugin.server.settings import PluginSettings
 from ix_gpu.plugin.server.volcano import VolcanoChoice
@@ -100,8 +100,13 @@ class PluginApp:
         self.volcano = VolcanoChoice(settings, self.metrics, lambda: self.resource_name)
         self.servicer = DevicePluginServicer(self.state, self.metrics, handout, self.volcano.choose)
         self.registrar = Registrar(
-            settings.device_plugin_dir, self.servicer, self.metrics, lambda: self.resource_name
+            settings.device_plugin_dir,
+            self.servicer,
+            self.metrics,
+            lambda: self.resource_name,
+            socket_id=settings.socket_id,
         )
+        self.servicer.kubelet_left = self.registrar.kubelet_left
         self.labeler = NodeLabeler(
             settings.api_server, settings.node_name, on_error=self._api_error("label_write")
         )
@@ -129,7 +134,7 @@ class PluginApp:
         return self.sharing.resource
 
     def check_socket_path(self) -> None:
-        path = self.settings.device_plugin_dir / socket_name_for(self.resource_name)
+        path = self.registrar.socket_path(self.resource_name)
         if len(str(path).encode()) > MAX_SOCKET_PATH:
             raise ConfigError(
                 f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; use a shorter directory"
@@ -273,6 +278,11 @@ class PluginApp:
 
     # -- liveness ------------------------------------------------------------------------------
 
+    def not_ready(self) -> list[str]:
+        """Why ``/readyz`` fails: not registered with the kubelet yet (a rolling update waits for
+        the new pod's registration before it stops the old one)."""
+        return [] if self.registrar.registered else ["not registered with the kubelet"]
+
     def problems(self) -> list[str]:
         """Why /healthz should fail; empty when healthy."""
         out = []
@@ -415,8 +425,13 @@ class PluginApp:
 
     async def _shutdown(self, *tasks: asyncio.Task[None]) -> None:
         self.stop_event.set()
-        final = replace(self.state.snapshot, final=True)
-        await self.state.publish(final)
+        # The farewell (every device Unhealthy) tells the kubelet not to admit GPU pods on a plugin
+        # that is going; when another instance serves (a rolling update), it would empty the node
+        # under that one instead (:mod:`.plugin_sockets`).
+        if (other := await asyncio.to_thread(self.registrar.sibling_serving)) is None:
+            await self.state.publish(replace(self.state.snapshot, final=True))
+        else:
+            log.info("another instance serves on %s: stopping without marking the devices Unhealthy", other)
         await self.state.close()
         if not await self.state.wait_streams_done(timeout=1.0):
             log.warning("ListAndWatch streams did not finish in 1s; stopping anyway")

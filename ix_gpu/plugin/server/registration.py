@@ -32,6 +32,7 @@ from grpclib.server import Server
 from ix_gpu.plugin.api import deviceplugin_v1beta1_pb2 as pb
 from ix_gpu.plugin.api.deviceplugin_v1beta1_grpc import RegistrationStub
 from ix_gpu.plugin.server.metrics import PluginMetrics
+from ix_gpu.plugin.server.plugin_sockets import remove_stale, sibling_serving, socket_name_for
 from ix_gpu.plugin.server.servicer import OPTIONS, DevicePluginServicer
 from ix_gpu.plugin.server.socket_watch import SocketWatch
 from ix_gpu.process.outcomes import ERROR, SUCCESS
@@ -42,6 +43,9 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
 
+ORPHAN_GRACE_S = 1.0
+"""How long registered without a ListAndWatch stream before registering again (the kubelet opens
+one at once after a registration, and a stream it ends may be the old instance's going)."""
 CLOSED_STREAMS_KEPT = 1024
 """How many finished streams each HTTP/2 connection remembers (h2's ``MAX_CLOSED_STREAMS``).
 
@@ -57,13 +61,6 @@ class RegisterFailed(Exception):
     """One Register attempt failed; the message is a gRPC status name and the reason."""
 
 
-def socket_name_for(resource_name: str) -> str:
-    """``iluvatar.com/gpu`` → ``iluvatar-gpu.sock``: the name the vendor plugin's liveness probe
-    looked for, so existing tooling that lists the directory keeps working."""
-    domain, _, name = resource_name.partition("/")
-    return f"{domain.split('.')[0]}-{name}.sock".replace("/", "-")
-
-
 @dataclass(eq=False)
 class Registrar:
     """Serves the plugin's socket and registers it with the kubelet, again whenever the kubelet's
@@ -75,6 +72,8 @@ class Registrar:
     resource_name: Callable[[], str]
     reconcile_interval: float = field(default=0.5, kw_only=True)
     register_timeout: float = field(default=5.0, kw_only=True)
+    socket_id: str | None = field(default=None, kw_only=True)
+    """Makes the socket this instance's own (:mod:`.plugin_sockets`); None: the vendor's name."""
     registered: bool = field(default=False, init=False)
     registered_resource: str | None = field(default=None, init=False)
     not_registered_since: float = field(default_factory=time.monotonic, init=False)
@@ -82,6 +81,7 @@ class Registrar:
     _socket: Path | None = field(default=None, init=False)
     _registered_generation: int = field(default=-1, init=False)
     _force: bool = field(default=False, init=False)
+    _orphaned_since: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.watch = SocketWatch(self.directory, KUBELET_SOCKET)
@@ -98,6 +98,7 @@ class Registrar:
     def _needs_cycle(self) -> bool:
         return (
             self._force
+            or self._orphaned()
             or self._server is None
             or self._socket is None
             or not self._socket.exists()
@@ -164,6 +165,7 @@ class Registrar:
             self._registered_generation = generation
             self.registered_resource = resource
             self.registered = True
+            self._orphaned_since = None
             self.metrics.registered.set(1)
             log.info(
                 "registered %s with the kubelet at %s (endpoint %s)",
@@ -173,11 +175,44 @@ class Registrar:
             )
             return
 
+    def socket_path(self, resource: str) -> Path:
+        return self.directory / socket_name_for(resource, self.socket_id)
+
+    def sibling_serving(self) -> Path | None:
+        """Another instance of this plugin serving in the directory now (blocking, briefly)."""
+        return sibling_serving(self.directory, self.resource_name(), self._socket)
+
+    def kubelet_left(self) -> None:
+        """The kubelet ended a ListAndWatch stream while we serve. A kubelet before 1.37 does it to
+        the newest instance when an older one of the same resource goes (it disconnects whichever
+        endpoint is current), and then counts none of the resource's devices until a plugin
+        registers again. So once no stream is open for :data:`ORPHAN_GRACE_S` and no other
+        instance serves (the kubelet holds that one's), register again. (A restarted kubelet is
+        noticed by its socket; the old instance of a rolling update sees the new one serving.)"""
+        if self.registered and self._orphaned_since is None:
+            self._orphaned_since = time.monotonic()
+            self.watch.changed.set()
+
+    def _orphaned(self) -> bool:
+        since = self._orphaned_since
+        if since is None or self.servicer.state.active_streams:
+            self._orphaned_since = None
+            return False
+        if time.monotonic() - since < ORPHAN_GRACE_S:
+            return False
+        if (other := self.sibling_serving()) is not None:
+            self._orphaned_since = time.monotonic()  # look again later: the other may be going
+            log.debug("no ListAndWatch stream, but %s serves: not registering again", other)
+            return False
+        log.info("the kubelet has kept no ListAndWatch stream open to us; registering again")
+        return True
+
     async def _serve(self, resource: str) -> None:
         await self._stop_server(grace=0)
-        path = self.directory / socket_name_for(resource)
+        path = self.socket_path(resource)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket from a previous run would make bind fail
+        await asyncio.to_thread(remove_stale, self.directory, resource, path)
         # h2 reads the limit when grpclib creates each connection; the plugin process serves
         # nothing else over h2, so setting it on the class is setting it for our connections.
         h2.connection.H2Connection.MAX_CLOSED_STREAMS = CLOSED_STREAMS_KEPT

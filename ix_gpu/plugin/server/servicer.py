@@ -127,6 +127,8 @@ class DevicePluginServicer(DevicePluginBase):
         self.state = state
         self.metrics = metrics
         self.before_handout = before_handout
+        self.kubelet_left: Callable[[], None] | None = None
+        """Called when the kubelet ends a ListAndWatch stream while the plugin serves on."""
         self.choose_devices = choose_devices
 
     # -- the calls, message in and message out ------------------------------------------------
@@ -201,8 +203,12 @@ class DevicePluginServicer(DevicePluginBase):
         # cancels this task: the watch's ``finally`` still runs.
         await _request(stream)
         log.info("kubelet opened ListAndWatch")
-        async for snapshot in self.state.watch():
-            await stream.send_message(list_and_watch_response(snapshot))
+        try:
+            async for snapshot in self.state.watch():
+                await stream.send_message(list_and_watch_response(snapshot))
+        finally:
+            if not self.state.closed and self.kubelet_left is not None:
+                self.kubelet_left()  # the kubelet ended it, not we
         log.info("ListAndWatch stream closed (shutting down)")
 
     async def GetPreferredAllocation(

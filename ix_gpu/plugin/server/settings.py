@@ -42,6 +42,9 @@ class PluginSettings:
     (:mod:`.pod_resources`); None: chips are shown without their pods."""
     dra_driver: str | None = None
     """The DRA driver whose claims' devices on this node are ours (for attribution)."""
+    socket_id: str | None = None
+    """Makes the plugin's socket its own (``iluvatar-gpu-<id>.sock``): two instances on a node
+    during a rolling update (:mod:`.plugin_sockets`); None: the vendor's name."""
     vendor_overrides: dict[str, bool] | None = None
     """The Iluvatar flags given on the command line or in the environment; they win over every
     config the plugin reads, at start and on reload."""
