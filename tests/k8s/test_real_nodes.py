@@ -39,7 +39,7 @@ import pytest
 from tests.k8s import host_settings, training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
-from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_running
+from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_pod, wait_running
 from tests.k8s.real_nodes import REAL_NODES, container_cgroup, container_pids
 from tests.k8s.real_release import (
     APP_LIBRARY_PATH,
@@ -481,6 +481,77 @@ def test_a_webhook_container_killed_is_replaced_and_no_gpu_pod_is_admitted_unmut
     )
     assert len(restarted) == 2
     request_ok(api, "DELETE", ns)
+
+
+PLUGIN_DAEMONSET = f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}-ix-gpu-plugin"
+
+
+def gpu_pod_outcome(release: Release, namespace: str, name: str) -> str:
+    """Create a one-GPU pod on gpu-a that exits at once; its end (``Succeeded``, or ``Failed`` with
+    the kubelet's reason); the pod is deleted again."""
+    on_a = {"kubernetes.io/hostname": "gpu-a"}
+    pod = image_pod(name, release.image, ["true"], gpus=1, nodeSelector=on_a)
+    pod["spec"]["restartPolicy"] = "Never"
+    request_ok(release.api, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+    ended = wait_pod(
+        release.api,
+        namespace,
+        name,
+        "Succeeded or Failed",
+        lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None,
+        60,
+    )
+    request_ok(release.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
+    return " ".join(filter(None, [ended["status"]["phase"], ended["status"].get("reason")]))
+
+
+def plugin_rolled(release: Release, before: set[str], nodes: int) -> bool:
+    """The DaemonSet has rolled: every node's pod is a new one, available, and no old one is left."""
+    daemonset = request_ok(release.api, "GET", PLUGIN_DAEMONSET)
+    status = daemonset["status"]
+    pods = {p["metadata"]["uid"] for p in release.pods("device-plugin")}
+    return (
+        status.get("observedGeneration") == daemonset["metadata"]["generation"]
+        and status.get("updatedNumberScheduled") == status.get("numberAvailable") == nodes
+        and len(pods - before) == nodes
+        and not pods & before
+    )
+
+
+def test_the_device_plugin_rolls_without_a_node_offering_fewer_gpus_or_refusing_a_pod(
+    release: Release,
+) -> None:
+    """The chart's device plugin DaemonSet rolled (a template change, as an upgrade makes) while GPU
+    pods are created on gpu-a one after another: the new pod on each node serves beside the old one
+    and is ready before the old one goes (maxSurge 1, maxUnavailable 0, /readyz), and the old one
+    leaves without its all-Unhealthy farewell. Every pod created meanwhile runs (none refused by the
+    kubelet, UnexpectedAdmissionError), and no node's allocatable, read from its Node between pods,
+    drops."""
+    full = {node: release.cluster.node_resource(node) for node in ("gpu-a", "gpu-b")}
+    before = {p["metadata"]["uid"] for p in release.pods("device-plugin")}
+    namespace = f"roll-{secrets.token_hex(3)}"
+    ns = new_namespace(release.api, namespace)
+    roll = {"ix-gpu.io/test-roll": secrets.token_hex(4)}
+    patch = {"spec": {"template": {"metadata": {"annotations": roll}}}}
+    status, reply = release.api.request(
+        "PATCH", PLUGIN_DAEMONSET, patch, content_type="application/merge-patch+json"
+    )
+    assert status == 200, reply
+    seen: list[dict[str, tuple[int, int] | None]] = []
+    outcomes: list[str] = []
+
+    def rolled() -> bool:
+        seen.append({node: release.cluster.node_resource(node) for node in full})
+        outcomes.append(gpu_pod_outcome(release, namespace, f"p{len(outcomes)}"))
+        return plugin_rolled(release, before, len(full))
+
+    wait_until(rolled, "the device plugin's rollout", 300, interval=0.1, details=lambda: str(outcomes))
+    print(
+        f"during the roll: {collections.Counter(outcomes)}; allocatable {full} at each of {len(seen)} reads"
+    )
+    assert all(reading == full for reading in seen), (full, seen)
+    assert set(outcomes) == {"Succeeded"}, outcomes
+    request_ok(release.api, "DELETE", ns)
 
 
 def test_helm_upgrade_reloads_then_helm_test_then_uninstall_leaves_nothing(release: Release) -> None:
