@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import os
@@ -63,6 +64,8 @@ from tests.support.processes import Process, start_process
 from tests.support.waiting import wait_until
 
 TIER_ROOT = Path("/var/lib/ix-gpu-tier")
+TIER_LOCK = "/run/lock/ix-gpu-tier.lock"
+"""Held (flock) by the process whose real-node cluster runs, from ``prepare()`` to ``close()``."""
 DRIVER_ROOT = "/var/lib/ix-gpu-tier/corex"
 """The GPU driver root on every real node (each node binds its own directory here): the value of
 the chart's ``plugin.driver.root`` and of the Iluvatar profile's driver hostPath on this cluster."""
@@ -860,6 +863,7 @@ class RealNodes:
         self.images: Images | None = None
         self.kube_proxy_binary: Path | None = None
         self._created_mount_points: list[str] = []
+        self._lock: int | None = None
 
     apiserver_args: ClassVar[dict[str, str]] = {
         "advertise_address": HOST_ADDRESS,
@@ -874,6 +878,7 @@ class RealNodes:
         reason = host_settings.unfit_reason()
         if reason:
             raise host_settings.HostUnfit(reason)
+        self._take_the_machine()
         misc_devices()  # the GPUs' stand-ins exist on this kernel
         self.images = build_images()
         self._created_mount_points = ensure_mount_points()
@@ -930,6 +935,17 @@ class RealNodes:
             )
         return self.nodes
 
+    def _take_the_machine(self) -> None:
+        """Wait for any other real-node cluster on this machine to close (its addresses, mounts
+        and ``TIER_ROOT`` are fixed): two pytest runs queue instead of tearing each other down."""
+        fd = os.open(TIER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for the real-node cluster that holds {TIER_LOCK} to close", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        self._lock = fd
+
     def close(self) -> None:
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
@@ -937,8 +953,11 @@ class RealNodes:
         self.nodes.clear()
         if self.host_proxy is not None:
             self.host_proxy.stop(grace_s=5)
-        cleanup(self.specs, self.kube_proxy_binary)
-        remove_mount_points(self._created_mount_points)
+        if self._lock is not None:
+            cleanup(self.specs, self.kube_proxy_binary)
+            remove_mount_points(self._created_mount_points)
+            os.close(self._lock)  # releases the lock
+            self._lock = None
 
 
 def cleanup(specs: Sequence[RealNodeSpec] = REAL_NODES, kube_proxy: Path | None = None) -> None:
