@@ -46,6 +46,7 @@ from ix_gpu.dra.metrics import DraMetrics, DraState, render_metrics
 from ix_gpu.dra.prepare import Preparer
 from ix_gpu.dra.servicer import DraServicer, RegistrationServicer
 from ix_gpu.dra.slices import SlicePublisher
+from ix_gpu.dra.sockets import dra_socket_name, newer_instance_serves, registration_socket_name, remove_stale
 from ix_gpu.kube.apiserver import ApiServer
 from ix_gpu.node.allocator import NodeFacts, Verdict, dra_verdict
 from ix_gpu.node.backends.base import Backend, BackendError, Chip
@@ -59,12 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRA_SOCKET = "dra.sock"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes including the terminating NUL
-
-
-def registration_socket_name(driver: str) -> str:
-    return f"{driver}-reg.sock"
 
 
 @dataclass(frozen=True)
@@ -103,14 +99,16 @@ class DraSettings:
     reset_timeout: float | None = None
     """``flags.reset_gpu``: a new claim's chips are reset within this many seconds
     (``gpuReset.timeoutSeconds``) before it is prepared; None: no reset."""
+    socket_id: str | None = None
+    """``--socket-id``: sockets of this instance's own, for rolling updates (:mod:`ix_gpu.dra.sockets`)."""
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugins_dir / self.driver / DRA_SOCKET
+        return self.plugins_dir / self.driver / dra_socket_name(self.socket_id)
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / registration_socket_name(self.driver)
+        return self.registry_dir / registration_socket_name(self.driver, self.socket_id)
 
     def socket_problems(self) -> list[str]:
         return [
@@ -161,6 +159,8 @@ class DraApp:
         self._servers: list[tuple[Server, Path]] = []
         self._last_error = ""
         self.health_loop = Supervised("health loop")
+        self.yielded_to: Path | None = None
+        """The DRA socket of the newer instance that publishes the slices now, if any."""
         self.publish_retry = Backoff(first=1.0, cap=60.0)
         self.unhealthy: UnhealthyMode = settings.unhealthy
         """How unhealthy devices are published: ``--unhealthy``, until the apiserver is seen to
@@ -309,6 +309,21 @@ class DraApp:
             return self.publish() or changed
         return changed
 
+    def _publish_unless_newer_serves(self) -> None:
+        """:meth:`publish`, unless an instance started after this one serves (a rolling update):
+        the slices are then that one's to write (:mod:`ix_gpu.dra.sockets`). What this instance
+        published is forgotten, so that it compares with what is stored should it publish again."""
+        newer = newer_instance_serves(self.settings.dra_socket)
+        if newer is None:
+            if self.yielded_to is not None:
+                log.info("%s serves no more: publishing this node's slices again", self.yielded_to)
+                self.yielded_to = None
+            self.publish()
+        elif newer != self.yielded_to:
+            log.info("a newer instance of this plugin serves on %s: it publishes this node's slices", newer)
+            self.yielded_to = newer
+            self.publisher.published = None
+
     # -- /healthz and /metrics ---------------------------------------------------------------------
 
     def problems(self) -> list[str]:
@@ -365,7 +380,7 @@ class DraApp:
         while not self.stop.is_set():
             await self._refresh()
             await asyncio.to_thread(self.check_allocation)
-            await asyncio.to_thread(self.publish)
+            await asyncio.to_thread(self._publish_unless_newer_serves)
             await asyncio.to_thread(self.claims.close_idle)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.health_interval)
@@ -396,8 +411,10 @@ class DraApp:
             HealthV1Servicer(self.health_reports),
             HealthV1alpha1Servicer(self.health_reports),
         ]
-        await self._serve(node_service, self.settings.dra_socket)
-        await self._serve([self.registration], self.settings.registration_socket)
+        dra_socket, registration_socket = self.settings.dra_socket, self.settings.registration_socket
+        await asyncio.to_thread(remove_stale, dra_socket, registration_socket, self.settings.driver)
+        await self._serve(node_service, dra_socket)
+        await self._serve([self.registration], registration_socket)
         health = asyncio.create_task(supervise(self._health_loop, self.health_loop, self.stop))
         try:
             await self.stop.wait()

@@ -14,14 +14,24 @@ node's GPU pods must still start.
 The whole file is written on every prepare and unprepare, so its cost grows with the claims a
 node holds: it is compact JSON from the C encoder, and each claim's plain form is built once, not
 on every save (``dataclasses.asdict`` and an indented dump took 7 ms per save at 200 claims).
+
+During a rolling update two instances of the plugin share the file (:mod:`ix_gpu.dra.sockets`):
+the kubelet may prepare a claim through one and unprepare it through the other. So every
+read-modify-write runs in :meth:`Checkpoint.shared`: an exclusive ``flock`` on ``<file>.lock``
+beside it, and the file read again if another process replaced it since this one last read or
+wrote it (its inode, mtime and size; a write is a rename, so a new inode). Alone on a node this
+costs a lock and a ``stat`` per call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +102,38 @@ class Checkpoint:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        """The file as this process last read or wrote it (inode, mtime, size); None: absent."""
+        self._lock_fd: int | None = None
         self.claims: dict[str, PreparedClaim] = self._load()
         self._plain: dict[str, tuple[PreparedClaim, dict[str, Any]]] = {}
         """uid → (the claim, its plain form), reused while the claim is the same object."""
 
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """Held around every read-modify-write of :attr:`claims` (blocking): no other instance
+        writes meanwhile, and :attr:`claims` is what the file holds now."""
+        if self._lock_fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            lock = self.path.with_name(f"{self.path.name}.lock")
+            self._lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            if self._stamp() != self._seen:
+                self.claims = self._load()
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
     def _load(self) -> dict[str, PreparedClaim]:
+        self._seen = self._stamp()
         try:
             raw = json.loads(self.path.read_bytes())
             if raw.get("kind") != KIND or raw.get("version") != VERSION:
@@ -125,3 +162,4 @@ class Checkpoint:
     def save(self) -> None:
         document = {"kind": KIND, "version": VERSION, "claims": self._plain_claims()}
         write_atomic((json.dumps(document, separators=(",", ":")) + "\n").encode(), self.path)
+        self._seen = self._stamp()

@@ -28,6 +28,7 @@ from ix_gpu.process.usage import (
     listen_address,
     port_number,
     set_env_name,
+    socket_id,
 )
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
             "(--partitionable), else one device per chip (splitboard: true in the ix-config) or per "
             "board; with vendor, product, uuid, index, board, chips, wholeBoard, defaultForm, PCI bus "
             "ID, NUMA node and driver version attributes and memory capacity. "
-            "Registers through <registry-dir>/<driver>-reg.sock; serves <plugins-dir>/<driver>/dra.sock. "
+            "Registers through <registry-dir>/<driver>-reg.sock; serves <plugins-dir>/<driver>/dra.sock "
+            "(with --socket-id, names of the instance's own). "
             "Prepare reads each claim's allocation from the API server and writes one CDI spec per "
             "claim into --cdi-dir; prepared claims are kept in --checkpoint across restarts. "
             "Needs the API server: get on resourceclaims; get, create, update and delete on "
@@ -105,6 +107,14 @@ def _add_kubelet_paths(dra: argparse.ArgumentParser) -> None:
         metavar="DIR",
         default=DEFAULT_REGISTRY_DIR,
         help=f"the kubelet's plugin-registration directory (default {DEFAULT_REGISTRY_DIR})",
+    )
+    dra.add_argument(
+        "--socket-id",
+        type=socket_id,
+        metavar="ID",
+        help="make this instance's sockets its own, <driver>-<ID>-reg.sock and dra-<ID>.sock (the chart "
+        "gives the pod's UID), so that a new instance serves beside the old one during a rolling update; "
+        "needs a kubelet of Kubernetes 1.33 or newer. Default none: <driver>-reg.sock and dra.sock",
     )
     dra.add_argument(
         "--cdi-dir",
@@ -240,6 +250,7 @@ def run_dra(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
         reset_timeout=config.reset_timeout_seconds if config.reset_gpu else None,
+        socket_id=args.socket_id,
     )
     if problems := settings.socket_problems():
         backend.close()

@@ -69,7 +69,9 @@ _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
 
 @dataclass(kw_only=True, eq=False)
 class Preparer:
-    """Thread-safe: the servicer runs each claim in a worker thread (the API read blocks)."""
+    """Thread-safe: the servicer runs each claim in a worker thread (the API read blocks). Safe
+    beside another instance on the node too: the checkpoint is read and written under its file
+    lock (:meth:`ix_gpu.dra.checkpoint.Checkpoint.shared`)."""
 
     driver: str
     pool: str
@@ -97,7 +99,7 @@ class Preparer:
         """The claim's devices with their CDI IDs; :class:`ClaimError` says why not, and its
         reason is one of :data:`ix_gpu.dra.claims.FAILURE_REASONS` (the servicer counts it)."""
         path = self.spec_path(ref.uid)
-        with self._lock:
+        with self._lock, self.checkpoint.shared():
             known = self.checkpoint.claims.get(ref.uid)
             if known is not None and (not known.spec_file or Path(known.spec_file).exists()):
                 return known.devices
@@ -139,7 +141,7 @@ class Preparer:
         if self.reset is not None and ours:
             self._reset(ref, list(ours.values()))
         spec = self._spec(ref.uid, list(ours.values()), shares) if ours else None
-        with self._lock:
+        with self._lock, self.checkpoint.shared():
             try:
                 if spec is not None:
                     write_spec(spec, path)
@@ -160,7 +162,7 @@ class Preparer:
         assert self.reset is not None
         chips = {chip.uuid: chip for d in devices for chip in d.physical.chips}
         inventory = self.devices()
-        with self._lock:
+        with self._lock, self.checkpoint.shared():
             others = [c for uid, c in self.checkpoint.claims.items() if uid != ref.uid]
         for other in others:
             for prepared in other.devices:
@@ -201,7 +203,7 @@ class Preparer:
         """Remove the claim's spec and record; :class:`ClaimError` (``invalid``, ``write``) when
         the uid is none or the spec or checkpoint cannot be written."""
         path = self.spec_path(uid)
-        with self._lock:
+        with self._lock, self.checkpoint.shared():
             known = self.checkpoint.claims.get(uid)
             spec = Path(known.spec_file if known is not None and known.spec_file else path)
             try:

@@ -10,7 +10,6 @@ imports only the backend it runs.
 from __future__ import annotations
 
 import argparse
-import re
 from typing import Any
 
 from ix_gpu.node.agent import add_device_flags, add_kubeconfig_flag
@@ -20,16 +19,10 @@ from ix_gpu.process.usage import (
     listen_address,
     port_number,
     set_env_name,
+    socket_id,
 )
 
 DEFAULT_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-SOCKET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")  # = plugin_sockets.SOCKET_ID, without grpclib
-
-
-def socket_id(text: str) -> str:
-    if not SOCKET_ID.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"must be letters, digits and '-', up to 63, got {text[:80]!r}")
-    return text
 DEFAULT_METRICS_PORT = 9401
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -135,6 +136,18 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0-65535, got {value}")
     return value
+
+
+SOCKET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,62}")
+"""What ``--socket-id`` takes: a pod's UID fits, and nothing that could leave a socket's directory."""
+
+
+def socket_id(text: str) -> str:
+    """``--socket-id`` of both node agents: the part of a socket's name that makes it one
+    instance's own, beside another instance's during a rolling update."""
+    if not SOCKET_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be letters, digits and '-', up to 63, got {text[:80]!r}")
+    return text
 
 
 def listen_address(text: str) -> str:

@@ -204,7 +204,15 @@ def test_dra_daemonset_runs_only_on_dra_nodes_with_same_path_mounts() -> None:
     assert "--metrics-port=9402" in container["args"]
     assert container["ports"] == [{"name": "dra-metrics", "containerPort": 9402, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "dra-metrics"}
-    assert not {"readinessProbe", "startupProbe"} & set(container)
+    # Ready once registered: a rolling update (maxSurge 1) stops the old pod only then, and each
+    # pod's sockets are its own (its UID) so that both serve meanwhile.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "dra-metrics"}
+    assert "startupProbe" not in container
+    assert env["IX_GPU_SOCKET_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert container["securityContext"]["privileged"] is True
 
 

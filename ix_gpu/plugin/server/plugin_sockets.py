@@ -19,15 +19,10 @@ file per rollout.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import re
-import socket
 from pathlib import Path
 
-log = logging.getLogger(__name__)
-
-CONNECT_TIMEOUT_S = 0.2
+from ix_gpu.serving import unix_sockets
 
 
 def socket_name_for(resource_name: str, socket_id: str | None = None) -> str:
@@ -38,41 +33,17 @@ def socket_name_for(resource_name: str, socket_id: str | None = None) -> str:
     return f"{stem}-{socket_id}.sock" if socket_id else f"{stem}.sock"
 
 
-def _instances(directory: Path, resource_name: str, own: Path | None) -> list[Path]:
-    """The sockets of this resource's plugin instances in ``directory``, ours left out."""
+def _pattern(resource_name: str) -> re.Pattern[str]:
+    """This resource's plugin sockets: ``iluvatar-gpu.sock`` and ``iluvatar-gpu-<id>.sock``."""
     stem = socket_name_for(resource_name).removesuffix(".sock")
-    try:
-        entries = list(directory.iterdir())
-    except OSError:
-        return []
-    ours = re.compile(rf"{re.escape(stem)}(-[A-Za-z0-9-]+)?\.sock")
-    return [entry for entry in entries if entry != own and ours.fullmatch(entry.name) and entry.is_socket()]
-
-
-def _accepts(path: Path) -> bool:
-    """Whether a plugin serves on ``path`` (it accepts a connection)."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(CONNECT_TIMEOUT_S)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        return False  # nobody listens: a plugin that died without removing its socket
-    except OSError:
-        return True  # a timeout (a full backlog) or another error: something is there, leave it
-    finally:
-        probe.close()
-    return True
+    return re.compile(rf"{re.escape(stem)}(-[A-Za-z0-9-]+)?\.sock")
 
 
 def sibling_serving(directory: Path, resource_name: str, own: Path | None) -> Path | None:
     """Another instance's socket that a plugin serves on, if any (blocking, briefly)."""
-    return next((path for path in _instances(directory, resource_name, own) if _accepts(path)), None)
+    return next(iter(unix_sockets.serving(directory, _pattern(resource_name), own)), None)
 
 
 def remove_stale(directory: Path, resource_name: str, own: Path | None) -> None:
     """Remove the sockets of instances that serve no more (their plugin died without cleaning up)."""
-    for path in _instances(directory, resource_name, own):
-        if not _accepts(path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            log.info("removed %s: no plugin serves on it any more", path)
+    unix_sockets.remove_stale(directory, _pattern(resource_name), own)
