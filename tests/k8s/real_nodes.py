@@ -65,7 +65,18 @@ from tests.support.waiting import wait_until
 
 TIER_ROOT = Path("/var/lib/ix-gpu-tier")
 TIER_LOCK = "/run/lock/ix-gpu-tier.lock"
-"""Held (flock) by the process whose real-node cluster runs, from ``prepare()`` to ``close()``."""
+"""Held (flock) by the process whose real-node cluster runs (``RealNodes.prepare``)."""
+_machine_lock: int | None = None
+
+
+def release_machine() -> None:
+    """Let another process's real-node cluster start (this one's is closed and checked)."""
+    global _machine_lock
+    if _machine_lock is not None:
+        os.close(_machine_lock)
+        _machine_lock = None
+
+
 DRIVER_ROOT = "/var/lib/ix-gpu-tier/corex"
 """The GPU driver root on every real node (each node binds its own directory here): the value of
 the chart's ``plugin.driver.root`` and of the Iluvatar profile's driver hostPath on this cluster."""
@@ -936,15 +947,19 @@ class RealNodes:
         return self.nodes
 
     def _take_the_machine(self) -> None:
-        """Wait for any other real-node cluster on this machine to close (its addresses, mounts
-        and ``TIER_ROOT`` are fixed): two pytest runs queue instead of tearing each other down."""
-        fd = os.open(TIER_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for the real-node cluster that holds {TIER_LOCK} to close", flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        self._lock = fd
+        """Wait for any other process's real-node cluster on this machine to be gone (its addresses,
+        mounts and ``TIER_ROOT`` are fixed): two pytest runs queue instead of tearing each other
+        down. Held until :func:`release_machine` (after the leftovers check) or the process ends."""
+        global _machine_lock
+        if _machine_lock is None:
+            fd = os.open(TIER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for the real-node cluster that holds {TIER_LOCK} to close", flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            _machine_lock = fd
+        self._lock = _machine_lock
 
     def close(self) -> None:
         for node in self.nodes.values():
@@ -956,7 +971,6 @@ class RealNodes:
         if self._lock is not None:
             cleanup(self.specs, self.kube_proxy_binary)
             remove_mount_points(self._created_mount_points)
-            os.close(self._lock)  # releases the lock
             self._lock = None
 
 

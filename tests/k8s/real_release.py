@@ -21,7 +21,7 @@ from tests.k8s.conftest import REAL_NODES_NOT_RUN, _tier_requested
 from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_binaries, build_helm
 from tests.k8s.pods import get_pod, request_ok
-from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers, misc_devices
+from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers, misc_devices, release_machine
 from tests.support.waiting import wait_until
 
 NAMESPACE = "ix-gpu-system"
@@ -252,6 +252,7 @@ def open_release(
     helm = build_helm()
     work = tmp_path_factory.mktemp("real-nodes")
     with contextlib.ExitStack() as stack:
+        stack.callback(release_machine)  # last: after the checks below, another run may start
         expected = (
             stack.enter_context(host_settings.as_on_a_fresh_machine())
             if from_a_fresh_machine
