@@ -69,6 +69,22 @@ TIER_LOCK = "/run/lock/ix-gpu-tier.lock"
 _machine_lock: int | None = None
 
 
+def take_machine() -> int:
+    """Wait for any other process's real-node cluster on this machine to be gone (its addresses,
+    mounts and ``TIER_ROOT`` are fixed): two pytest runs queue instead of tearing each other down.
+    Held until :func:`release_machine` (after the leftovers check) or the process ends."""
+    global _machine_lock
+    if _machine_lock is None:
+        fd = os.open(TIER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for the real-node cluster that holds {TIER_LOCK} to close", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        _machine_lock = fd
+    return _machine_lock
+
+
 def release_machine() -> None:
     """Let another process's real-node cluster start (this one's is closed and checked)."""
     global _machine_lock
@@ -947,19 +963,7 @@ class RealNodes:
         return self.nodes
 
     def _take_the_machine(self) -> None:
-        """Wait for any other process's real-node cluster on this machine to be gone (its addresses,
-        mounts and ``TIER_ROOT`` are fixed): two pytest runs queue instead of tearing each other
-        down. Held until :func:`release_machine` (after the leftovers check) or the process ends."""
-        global _machine_lock
-        if _machine_lock is None:
-            fd = os.open(TIER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"waiting for the real-node cluster that holds {TIER_LOCK} to close", flush=True)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            _machine_lock = fd
-        self._lock = _machine_lock
+        self._lock = take_machine()
 
     def close(self) -> None:
         for node in self.nodes.values():

@@ -21,7 +21,15 @@ from tests.k8s.conftest import REAL_NODES_NOT_RUN, _tier_requested
 from tests.k8s.helm_cli import run_helm, write_values
 from tests.k8s.k8s_tier import KubeAPI, build_binaries, build_helm
 from tests.k8s.pods import get_pod, request_ok
-from tests.k8s.real_nodes import Images, RealNode, kube_chains, leftovers, misc_devices, release_machine
+from tests.k8s.real_nodes import (
+    Images,
+    RealNode,
+    kube_chains,
+    leftovers,
+    misc_devices,
+    release_machine,
+    take_machine,
+)
 from tests.support.waiting import wait_until
 
 NAMESPACE = "ix-gpu-system"
@@ -227,6 +235,7 @@ def require_real_nodes(config: pytest.Config) -> list[tuple[str, str, str]]:
         misc_devices()
     except host_settings.HostUnfit as err:
         skip_real_nodes(config, str(err))
+    take_machine()  # another run's cluster on this machine: wait for it to be gone
     host_chains = kube_chains()
     stale = leftovers(keep=host_chains)
     assert not stale, f"a real-node cluster is already on this machine: {stale}"
