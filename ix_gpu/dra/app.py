@@ -222,6 +222,8 @@ class DraApp:
         domain = self.backend.vendor.resource_name.partition("/")[0]
         facts = self.node_reader.facts()
         self._follow_config_label(facts)
+        if facts is not None:
+            self.publisher.follow_node(facts.uid)
         verdict = dra_verdict(facts, domain)
         if verdict.reason != self.allocation.reason:
             if verdict.allowed:
@@ -322,7 +324,7 @@ class DraApp:
         elif newer != self.yielded_to:
             log.info("a newer instance of this plugin serves on %s: it publishes this node's slices", newer)
             self.yielded_to = newer
-            self.publisher.published = None
+            self.publisher.forget()
 
     # -- /healthz and /metrics ---------------------------------------------------------------------
 

@@ -73,6 +73,20 @@ class SlicePublisher:
         self._counter_slices = 0
         """Counter slices that may exist beyond what the stored pool says (a delete that failed)."""
 
+    def forget(self) -> None:
+        """Compare with what is stored, and read the owning Node, on the next :meth:`publish`:
+        the slices may be gone (their Node deleted and registered again, or another instance
+        wrote them meanwhile)."""
+        self.published = None
+        self._owner = None
+
+    def follow_node(self, uid: str) -> None:
+        """The Node as last heard. Another object than the one the slices were written for (the
+        Node deleted and registered again): they were deleted with the old one, so publish anew."""
+        if uid and self._owner and self._owner[0]["uid"] != uid:
+            log.warning("node %s was registered again (uid %s): publishing its slices anew", self.node, uid)
+            self.forget()
+
     def _path(self, name: str) -> str:
         return f"{RESOURCE_SLICES}/{quote(name, safe='')}"
 
@@ -140,6 +154,8 @@ class SlicePublisher:
         if stored is None and not create:
             self.published = devices, counters
             return False
+        if stored is None:
+            self._owner = None  # the Node may be another by now (deleted and registered again)
         spec = (stored or {}).get("spec") or {}
         pool = spec.get("pool") or {}
         stored_generation = int(pool.get("generation") or 0)

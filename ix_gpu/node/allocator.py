@@ -46,15 +46,21 @@ class NodeFacts:
 
     labels: Mapping[str, str] = field(default_factory=dict)
     allocatable: Mapping[str, str] = field(default_factory=dict)
+    uid: str = ""
+    """Which Node of that name: a Node deleted and registered again is another object, and what
+    was owned by the old one (a DRA plugin's ResourceSlices) went with it."""
 
     @classmethod
     def from_node(cls, node: object) -> NodeFacts:
         """From a Node as the API server returns it; anything malformed reads as empty."""
         if not isinstance(node, dict):
             return cls()
+        metadata = node.get("metadata") or {}
+        uid = metadata.get("uid") if isinstance(metadata, dict) else None
         return cls(
-            _strings((node.get("metadata") or {}).get("labels")),
+            _strings(metadata.get("labels") if isinstance(metadata, dict) else None),
             _strings((node.get("status") or {}).get("allocatable")),
+            uid if isinstance(uid, str) else "",
         )
 
 
