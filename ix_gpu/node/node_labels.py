@@ -88,6 +88,11 @@ class NodeLabeler:
         """The last write's error while writes fail; None once one succeeds."""
         self.retry = Backoff(first=1.0, cap=60.0)
 
+    def forget(self) -> None:
+        """Write the labels again on the next publish, changed or not: the Node may be a new object
+        (deleted, then registered again by its kubelet) that has none of them."""
+        self.published = None
+
     @property
     def usable(self) -> bool:
         return self.api is not None and bool(self.node)

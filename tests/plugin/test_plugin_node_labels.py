@@ -111,6 +111,31 @@ def test_labels_published_once_per_change(
     }
 
 
+def test_labels_are_written_again_after_each_registration_with_the_kubelet(
+    short_tmp: Path, fake_devices: Path, api_server: tuple[ApiServer, list[Any]]
+) -> None:
+    """A kubelet that restarts may register its Node anew (the Node was deleted meanwhile), and
+    the new object has none of the labels: the plugin registers again, then labels again."""
+    api, patches = api_server
+    config = write_config(short_tmp, FAST_HEALTH + "labels:\n  enabled: true\n")
+    (short_tmp / "dp").mkdir()
+    app = PluginApp(
+        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
+        load_plugin_config(config).runtime(),
+        fake_backend(fake_devices),
+    )
+
+    async def scenario() -> None:
+        await app.check_once()
+        await app.check_once()
+        assert app.registrar.on_registered is not None
+        app.registrar.on_registered()  # what a registration with a restarted kubelet calls
+        await app.check_once()
+
+    asyncio.run(scenario())
+    assert len(patches) == 2 and patches[0][3] == patches[1][3]
+
+
 def test_a_node_whose_devices_all_disappear_loses_its_labels(
     short_tmp: Path, fake_devices: Path, api_server: tuple[ApiServer, list[Any]]
 ) -> None:

@@ -51,16 +51,21 @@ def test_a_plugin_the_kubelet_stops_listening_to_registers_again(short_tmp: Path
     directory = short_tmp / "dp"
     directory.mkdir()
 
+    calls: list[None] = []
+
     async def scenario() -> None:
         kubelet = FakeKubelet(directory)
         await kubelet.start()
         try:
             async with instance(short_tmp / "a", directory, fake_devices, "a") as app:
+                labels_forgotten = app.labeler.forget
+                app.registrar.on_registered = lambda: calls.append(labels_forgotten())
                 await kubelet.wait_for(lambda: kubelet.updates, 10, "registration")
                 await kubelet.disconnect()
                 await kubelet.wait_for(lambda: len(kubelet.registrations) == 2, 5, "a second registration")
                 await kubelet.wait_for(lambda: len(kubelet.updates) >= 2, 5, "the devices again")
                 assert app.registrar.registered
+                assert len(calls) == 2, "each registration has the node labelled again"
                 assert kubelet.registrations[1].request.endpoint == "iluvatar-gpu-a.sock"
         finally:
             await kubelet.stop()

@@ -110,6 +110,7 @@ class PluginApp:
         self.labeler = NodeLabeler(
             settings.api_server, settings.node_name, on_error=self._api_error("label_write")
         )
+        self.registrar.on_registered = self.labeler.forget
         if settings.node_config is not None:
             settings.node_config.on_error = self._api_error("node_read")
         if settings.allocation is not None:

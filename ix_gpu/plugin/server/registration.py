@@ -82,6 +82,9 @@ class Registrar:
     _registered_generation: int = field(default=-1, init=False)
     _force: bool = field(default=False, init=False)
     _orphaned_since: float | None = field(default=None, init=False)
+    on_registered: Callable[[], None] | None = field(default=None, init=False)
+    """Called after each successful registration: a kubelet that restarted may have registered
+    its Node anew (deleted meanwhile), without what the plugin had written on the old one."""
 
     def __post_init__(self) -> None:
         self.watch = SocketWatch(self.directory, KUBELET_SOCKET)
@@ -167,6 +170,8 @@ class Registrar:
             self.registered = True
             self._orphaned_since = None
             self.metrics.registered.set(1)
+            if self.on_registered is not None:
+                self.on_registered()
             log.info(
                 "registered %s with the kubelet at %s (endpoint %s)",
                 resource,
