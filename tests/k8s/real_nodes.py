@@ -524,6 +524,8 @@ class RealNode:
     containerd: Process | None = None
     kubelet: Process | None = None
     kube_proxy: Process | None = None
+    kubelet_argv: list[str] = dataclasses.field(default_factory=list)
+    """How ``start_real_node`` started the kubelet, for :meth:`restart_kubelet`."""
 
     @property
     def name(self) -> str:
@@ -579,6 +581,43 @@ class RealNode:
     def ready(self) -> bool:
         conditions = (self.node() or {}).get("status", {}).get("conditions", [])
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def restart_kubelet(self, grace_s: float = 10.0) -> None:
+        """Stop the kubelet (SIGTERM, as ``systemctl restart`` does) and start it again with the same
+        command line, in containerd's mount namespace as before. Its log goes on in the same file.
+        The pods' containers are containerd's: they keep running meanwhile."""
+        assert self.kubelet is not None and self.kubelet_argv
+        self.kubelet.stop(grace_s=grace_s)
+        self.kubelet = start_process(f"kubelet-{self.name}", self.kubelet_argv, self.log_dir)
+
+    def restart_containerd(self, grace_s: float = 10.0) -> None:
+        """Stop containerd (SIGTERM) and start it again in the node's mount namespace, which must
+        outlive it: the kubelet, the shims and every later ``nsenter()`` live in that namespace,
+        whose bind mounts (``/var/lib/kubelet``, ``/run/containerd``, ``/dev``, ...) only the
+        launcher made. An open descriptor of the namespace holds it while no containerd runs (the
+        kubelet and the shims would too, but nothing here relies on them), and the new containerd
+        enters it by that descriptor; its shims, which outlived the old one, are found again in the
+        namespace's ``/run/containerd``."""
+        assert self.containerd is not None
+        holder = os.open(f"/proc/{self.containerd.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.containerd.stop(grace_s=grace_s)
+            namespace = f"/proc/{os.getpid()}/fd/{holder}"
+            argv = [
+                "nsenter", f"--net=/run/netns/{self.spec.netns}", f"--mount={namespace}", "--",
+                str(self.containerd_bin / "containerd"), "--config", str(self.spec.root / "containerd.toml"),
+            ]  # fmt: skip
+            env = {**os.environ, "PATH": f"{self.containerd_bin}:{os.environ.get('PATH', '')}"}
+            self.containerd = start_process(f"containerd-{self.name}", argv, self.log_dir, env=env)
+            wait_until(
+                lambda: unix_socket_ready(self.socket),
+                f"containerd of {self.name} again",
+                60,
+                interval=0.05,
+                process=self.containerd,
+            )
+        finally:
+            os.close(holder)
 
     def close(self) -> None:
         # The node's iptables rules go with its network namespace: nothing to clean after kube-proxy.
@@ -716,6 +755,7 @@ def start_real_node(
         ]
         if labels:
             argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+        node.kubelet_argv = argv
         node.kubelet = start_process(f"kubelet-{spec.name}", argv, log_dir)
         node.kube_proxy = start_kube_proxy(
             binaries,
