@@ -7,6 +7,8 @@
 #           so the project's Dockerfile builds unchanged with --pull=never;
 #   pause   registry.k8s.io/pause:3.10, the pod sandbox image, from tests/k8s/images/pause.c (static);
 #   ix-gpu  localhost/ix-gpu:<content hash>, built from the project's Dockerfile with buildah;
+#   ix-gpu-next  localhost/ix-gpu:<content hash>-next: that image labelled as the next version
+#           (org.opencontainers.image.version), for upgrading a release to another image;
 #   training-operator  localhost/training-operator:<version>-<hash>: a scratch image holding the
 #           Kubeflow training operator's static binary (build-go-command.sh training-operator), the
 #           TFJob controller that runs the TFJob example for real;
@@ -140,6 +142,26 @@ if [[ "$(label_of "$PROJECT_REF")" != "$PROJECT_KEY" ]]; then
 fi
 PROJECT_ARCHIVE="$(archive "$PROJECT_REF" "$PROJECT_KEY" ix-gpu)"
 
+# ---------------------------------------------------------------- the project's next version
+# A second image of the same build, for an upgrade to another image and back: the project image
+# with another org.opencontainers.image.version, as a release pipeline labels a new version built
+# from unchanged sources. Not a second `bud`: buildah 1.28's layer cache misses on every step of a
+# build whose only change is its --label (measured: the whole build again, over two minutes),
+# while re-labelling the image it built takes a second and shares all of its layers.
+PROJECT_VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml")"
+NEXT_VERSION="$PROJECT_VERSION-next"
+NEXT_TAG="$PROJECT_KEY-next"
+NEXT_REF="$PROJECT_REPO:$NEXT_TAG"
+if [[ "$(label_of "$NEXT_REF")" != "$PROJECT_KEY" ]]; then
+    log "ix-gpu next: $PROJECT_REF labelled version $NEXT_VERSION -> $NEXT_REF"
+    ctr="$("${BR[@]}" from --pull=never "$PROJECT_REF")"
+    "${BR[@]}" config --label "org.opencontainers.image.version=$NEXT_VERSION" \
+        --annotation "io.ix-gpu.test.key=$PROJECT_KEY" "$ctr"
+    "${BR[@]}" commit -q "$ctr" "$NEXT_REF" >/dev/null
+    "${BR[@]}" rm "$ctr" >/dev/null
+fi
+NEXT_ARCHIVE="$(archive "$NEXT_REF" "$PROJECT_KEY" ix-next)"
+
 # ---------------------------------------------------------------- the training operator
 TO_BIN="$(bash "$HERE/build-go-command.sh" training-operator | tail -1)/training-operator"
 TO_KEY="$(sha256sum <"$TO_BIN" | key_of)"
@@ -219,6 +241,7 @@ cat >"$OUT/images.json" <<JSON
   "base": {"ref": "$BASE_REF", "key": "$BASE_KEY"},
   "pause": {"ref": "$PAUSE_REF", "archive": "$PAUSE_ARCHIVE"},
   "ix-gpu": {"ref": "$PROJECT_REF", "repository": "$PROJECT_REPO", "tag": "$PROJECT_KEY", "archive": "$PROJECT_ARCHIVE"},
+  "ix-gpu-next": {"ref": "$NEXT_REF", "repository": "$PROJECT_REPO", "tag": "$NEXT_TAG", "version": "$NEXT_VERSION", "archive": "$NEXT_ARCHIVE"},
   "training-operator": {"ref": "$TO_REF", "archive": "$TO_ARCHIVE"},
   "library-check": {"ref": "$LC_REF", "archive": "$LC_ARCHIVE"},
   "hostile-roots": {$HOSTILE_JSON}

@@ -267,26 +267,30 @@ def open_release(
             if from_a_fresh_machine
             else host_settings.snapshot()
         )
-        started = time.monotonic()
-        mini = MiniCluster(
-            work / "cluster",
-            binaries=build_binaries(),
-            plugin_config=None,
-            log_dir=log_dir,
-            runtime="containerd",
-        )
         try:
-            mini.start()
+            mini = start_real_node_cluster(work, log_dir)
         except host_settings.HostUnfit as err:
             skip_real_nodes(request.config, str(err))
         try:
-            print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
             assert mini.real_nodes is not None and mini.real_nodes.images is not None
             yield Release(mini, helm, work, values(mini.real_nodes.images))
         finally:
             mini.stop()
         assert leftovers(keep=host_chains) == [], "the real-node cluster left things behind"
         assert host_settings.snapshot() == expected, "the tier did not put the host settings back"
+
+
+def start_real_node_cluster(work: Path, log_dir: Path) -> MiniCluster:
+    """The real-node cluster in ``work/cluster``, started (the caller stops it); raises
+    :class:`host_settings.HostUnfit` where this machine cannot run it. For a fixture and for a
+    bench alike."""
+    started = time.monotonic()
+    mini = MiniCluster(
+        work / "cluster", binaries=build_binaries(), plugin_config=None, log_dir=log_dir, runtime="containerd"
+    )
+    mini.start()
+    print(f"\nreal-node cluster up in {time.monotonic() - started:.1f}s: {mini.timings}")
+    return mini
 
 
 def skip_real_nodes(config: pytest.Config, reason: str) -> NoReturn:
