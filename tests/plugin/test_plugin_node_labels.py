@@ -74,19 +74,22 @@ def api_server() -> Iterator[tuple[ApiServer, list[tuple[str, str, str, Any]]]]:
         server.shutdown()
 
 
+def labelling_app(base: Path, devices: Path, api: ApiServer, extra: str = "") -> PluginApp:
+    """A plugin on the fake devices with ``labels.enabled`` (and ``extra`` config), node gpu-node-1."""
+    config = write_config(base, FAST_HEALTH + "labels:\n  enabled: true\n" + extra)
+    (base / "dp").mkdir()
+    return PluginApp(
+        PluginSettings(base / "dp", config, node_name="gpu-node-1", api_server=api),
+        load_plugin_config(config).runtime(),
+        fake_backend(devices),
+    )
+
+
 def test_labels_published_once_per_change(
     short_tmp: Path, fake_devices: Path, api_server: tuple[ApiServer, list[Any]]
 ) -> None:
     api, patches = api_server
-    config = write_config(
-        short_tmp, FAST_HEALTH + "labels:\n  enabled: true\nsharing:\n  timeSlicing:\n    replicas: 4\n"
-    )
-    (short_tmp / "dp").mkdir()
-    app = PluginApp(
-        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
-        load_plugin_config(config).runtime(),
-        fake_backend(fake_devices),
-    )
+    app = labelling_app(short_tmp, fake_devices, api, "sharing:\n  timeSlicing:\n    replicas: 4\n")
 
     async def scenario() -> None:
         await app.check_once()
@@ -117,13 +120,7 @@ def test_labels_are_written_again_after_each_registration_with_the_kubelet(
     """A kubelet that restarts may register its Node anew (the Node was deleted meanwhile), and
     the new object has none of the labels: the plugin registers again, then labels again."""
     api, patches = api_server
-    config = write_config(short_tmp, FAST_HEALTH + "labels:\n  enabled: true\n")
-    (short_tmp / "dp").mkdir()
-    app = PluginApp(
-        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
-        load_plugin_config(config).runtime(),
-        fake_backend(fake_devices),
-    )
+    app = labelling_app(short_tmp, fake_devices, api)
 
     async def scenario() -> None:
         await app.check_once()
@@ -141,13 +138,7 @@ def test_a_node_whose_devices_all_disappear_loses_its_labels(
 ) -> None:
     # Stale labels would keep gpu-type affinity sending pods to a node without GPUs.
     api, patches = api_server
-    config = write_config(short_tmp, FAST_HEALTH + "labels:\n  enabled: true\n")
-    (short_tmp / "dp").mkdir()
-    app = PluginApp(
-        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
-        load_plugin_config(config).runtime(),
-        fake_backend(fake_devices),
-    )
+    app = labelling_app(short_tmp, fake_devices, api)
 
     async def scenario() -> None:
         await app.check_once()
@@ -164,15 +155,9 @@ def test_a_plugin_starting_without_devices_removes_labels_left_from_before(
     short_tmp: Path, api_server: tuple[ApiServer, list[Any]]
 ) -> None:
     api, patches = api_server
-    config = write_config(short_tmp, FAST_HEALTH + "labels:\n  enabled: true\n")
     empty = short_tmp / "devices.yaml"
     empty.write_text("vendor: iluvatar\nboards: []\n")
-    (short_tmp / "dp").mkdir()
-    app = PluginApp(
-        PluginSettings(short_tmp / "dp", config, node_name="gpu-node-1", api_server=api),
-        load_plugin_config(config).runtime(),
-        fake_backend(empty),
-    )
+    app = labelling_app(short_tmp, empty, api)
     asyncio.run(app.check_once())
     assert [body for _, _, _, body in patches] == [{"metadata": {"labels": dict.fromkeys(labels.PUBLISHED)}}]
 
