@@ -64,6 +64,15 @@ def wait_running(api: KubeAPI, namespace: str, name: str, timeout: float = 90) -
     return wait_pod(api, namespace, name, "phase Running", running, timeout)
 
 
+def wait_ended(api: KubeAPI, namespace: str, name: str, timeout: float = 90) -> dict[str, Any]:
+    """Pod ``name`` once it is Succeeded or Failed."""
+
+    def ended(pod: dict[str, Any]) -> dict[str, Any] | None:
+        return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_pod(api, namespace, name, "Succeeded or Failed", ended, timeout)
+
+
 def wait_failed(api: KubeAPI, namespace: str, name: str, timeout: float = 120) -> dict[str, Any]:
     """Pod ``name`` once it is Failed (the kubelet refused it at admission, say)."""
 

@@ -39,7 +39,14 @@ import pytest
 from tests.k8s import host_settings, training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
-from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_pod, wait_running
+from tests.k8s.pods import (
+    get_pod,
+    new_namespace,
+    request_ok,
+    scheduling_failure,
+    wait_ended,
+    wait_running,
+)
 from tests.k8s.real_nodes import REAL_NODES, container_cgroup, container_pids
 from tests.k8s.real_release import (
     APP_LIBRARY_PATH,
@@ -493,14 +500,7 @@ def gpu_pod_outcome(release: Release, namespace: str, name: str) -> str:
     pod = image_pod(name, release.image, ["true"], gpus=1, nodeSelector=on_a)
     pod["spec"]["restartPolicy"] = "Never"
     request_ok(release.api, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
-    ended = wait_pod(
-        release.api,
-        namespace,
-        name,
-        "Succeeded or Failed",
-        lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None,
-        60,
-    )
+    ended = wait_ended(release.api, namespace, name, 60)
     request_ok(release.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
     return " ".join(filter(None, [ended["status"]["phase"], ended["status"].get("reason")]))
 

@@ -38,7 +38,15 @@ from tests.k8s import training_operator
 from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd
 from tests.k8s.live_prometheus import LivePrometheus, scrape_jobs, start_prometheus
-from tests.k8s.pods import get_pod, new_namespace, request_ok, scheduling_failure, wait_pod, wait_running
+from tests.k8s.pods import (
+    get_pod,
+    new_namespace,
+    request_ok,
+    scheduling_failure,
+    wait_ended,
+    wait_pod,
+    wait_running,
+)
 from tests.k8s.prometheus_tools import dashboard_queries, promtool
 from tests.k8s.real_nodes import (
     DRIVER_ROOT,
@@ -1118,14 +1126,7 @@ def claim_pod_seconds(release: Release, namespace: str, name: str) -> tuple[floa
     pod["spec"]["restartPolicy"] = "Never"
     started = time.monotonic()
     request_ok(release.api, "POST", f"/api/v1/namespaces/{namespace}/pods", pod)
-    ended = wait_pod(
-        release.api,
-        namespace,
-        name,
-        "Succeeded or Failed",
-        lambda p: p if p["status"].get("phase") in ("Succeeded", "Failed") else None,
-        90,
-    )
+    ended = wait_ended(release.api, namespace, name, 90)
     took = time.monotonic() - started
     request_ok(release.api, "DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}")
     return took, ended["status"]["phase"]
@@ -2109,3 +2110,120 @@ def test_an_apiserver_down_for_90_s_changes_no_nodes_allocatable(
         request_ok(api, "DELETE", f"/api/v1/namespaces/{made}")
     running = wait_running(api, namespace, "after", timeout=120)
     assert running["spec"]["nodeName"] == "gpu-a"
+
+
+# --------------------------------------------------------------------------- a node taken away
+
+
+def replica_set(name: str, image: str, template: str, node: str) -> dict[str, Any]:
+    """One replica of a sleeping claim pod (its claim from ``template``), bound to ``node``."""
+    pod = sleeping_claim_pod(name, image, template)
+    pod["metadata"] = {"labels": {"app": name}}
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}, "template": pod},
+    }
+
+
+def test_a_node_drained_and_deleted_releases_its_claims_and_slices_and_comes_back_whole(
+    release: Release,
+) -> None:
+    """gpu-b holds the claim of a ReplicaSet's pod. The operator retires it as kubectl would:
+    cordon, evict the pod (drain), delete the Node. The claim is released: unprepared (its CDI spec
+    and checkpoint record gone) and the generated ResourceClaim deleted; the node's slices go with
+    the Node; the ReplicaSet's new pod waits, its node gone. Then the node's kubelet registers it
+    again (a new Node object) and the operator labels it for DRA: the DRA plugin publishes the
+    slices anew, owned by the new Node, the device plugin labels it again, and the waiting pod's
+    claim is allocated there and its pod runs."""
+    api, node = release.api, "gpu-b"
+    namespace = f"retire-{secrets.token_hex(3)}"
+    ns = new_namespace(api, namespace)
+    templates = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates"
+    request_ok(api, "POST", templates, claim_template("hold", None))
+    request_ok(
+        api,
+        "POST",
+        f"/apis/apps/v1/namespaces/{namespace}/replicasets",
+        replica_set("hold", release.image, "hold", node),
+    )
+
+    def pod_running() -> dict[str, Any] | None:
+        items = request_ok(api, "GET", f"{ns}/pods")["items"]
+        return next((p for p in items if p["status"].get("phase") == "Running"), None)
+
+    first = wait_until(pod_running, "the ReplicaSet's pod running", 120, interval=0.5)
+    _, claim = allocated_device(release, namespace, first)
+    uid, claim_path = (
+        claim["metadata"]["uid"],
+        f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{claim['metadata']['name']}",
+    )
+    (spec_file,) = [p for p in cdi_specs(node) if uid in p.name]
+    checkpoint = TIER_ROOT / node / "kubelet" / "plugins" / DRIVER / "checkpoint.json"
+    published = list(devices(release, node))
+    old_node = request_ok(api, "GET", f"/api/v1/nodes/{node}")
+    kept_labels = {
+        k: v for k, v in old_node["metadata"]["labels"].items() if k in (ALLOCATION_LABEL, CONFIG_LABEL)
+    }
+    dra_pod = {p["metadata"]["uid"] for p in release.pods("dra-plugin") if p["spec"]["nodeName"] == node}
+
+    patch = {"spec": {"unschedulable": True}}
+    status, reply = api.request(
+        "PATCH", f"/api/v1/nodes/{node}", patch, content_type="application/merge-patch+json"
+    )
+    assert status == 200, reply
+    name = first["metadata"]["name"]
+    eviction = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    request_ok(api, "POST", f"{ns}/pods/{name}/eviction", eviction)
+    wait_until(
+        lambda: not spec_file.exists() and uid not in checkpoint.read_text(),
+        "the claim unprepared",
+        90,
+        interval=0.5,
+    )
+    wait_until(
+        lambda: api.request("GET", claim_path)[0] == 404, "the generated claim deleted", 60, interval=0.5
+    )
+    request_ok(api, "DELETE", f"/api/v1/nodes/{node}")
+    wait_until(lambda: node not in slices(release), "the node's slices gone with it", 60, interval=0.5)
+    pending = request_ok(api, "GET", f"{ns}/pods")["items"]
+    assert [p["status"].get("phase") for p in pending] == ["Pending"], pending
+
+    release.node(node).restart_kubelet()
+    wait_until(lambda: api.request("GET", f"/api/v1/nodes/{node}")[0] == 200, "the node registered again", 90)
+    new_node = request_ok(api, "GET", f"/api/v1/nodes/{node}")
+    assert new_node["metadata"]["uid"] != old_node["metadata"]["uid"]
+    status, reply = api.request(
+        "PATCH", f"/api/v1/nodes/{node}", {"metadata": {"labels": kept_labels}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    assert status == 200, reply
+
+    def republished() -> bool:
+        found = slices(release).get(node)
+        return (
+            bool(found)
+            and [d["name"] for d in found["spec"]["devices"]] == published
+            and [o["uid"] for o in found["metadata"]["ownerReferences"]] == [new_node["metadata"]["uid"]]
+        )
+
+    wait_until(republished, "the node's slice published anew, owned by the new Node", 90, interval=0.5)
+    wait_until(
+        lambda: (
+            "ix-gpu.io/gpu.product" in request_ok(api, "GET", f"/api/v1/nodes/{node}")["metadata"]["labels"]
+        ),
+        "the device plugin's labels on the new Node",
+        60,
+        interval=0.5,
+    )
+    again = wait_until(pod_running, "the ReplicaSet's new pod running on the node again", 120, interval=0.5)
+    assert again["spec"]["nodeName"] == node and again["metadata"]["uid"] != first["metadata"]["uid"]
+    same_plugin = dra_pod & {p["metadata"]["uid"] for p in release.pods("dra-plugin")}
+    print(f"the DRA plugin pod {'survived' if same_plugin else 'was replaced'}; slices {published}")
+    request_ok(api, "DELETE", ns)
