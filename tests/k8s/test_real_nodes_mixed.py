@@ -9,7 +9,10 @@ served only through a DRA claim keeps its image's value all the same: the webhoo
 container, and the claim's CDI spec puts the driver in the container's linker cache.
 
 The library-check image (tests/k8s/images/library-check.c) sets ``ENV LD_LIBRARY_PATH=/opt/imglib``
-and has a library of its own there. The tests share the release and run in file order.
+and has a library of its own there. The tests share the release and run in file order; the last
+three (issue 55, "day two") restart both nodes' kubelets, then their containerds, then kill both
+agents at once, under pods holding GPUs on both paths (tests/k8s/node_restarts.py says what they
+read and where).
 """
 
 from __future__ import annotations
@@ -231,11 +234,12 @@ class Busy:
     views: dict[str, ContainerView] = dataclasses.field(default_factory=dict)
 
 
-def run_pods(release: Release, busy: Busy, pods: list[dict[str, Any]], node: str) -> None:
-    """Create ``pods`` in busy's namespace, wait until each runs on ``node``, record its view."""
-    for pod in pods:
+def run_pods(release: Release, busy: Busy, pods: list[tuple[dict[str, Any], str]]) -> None:
+    """Create each (pod, node) of ``pods`` in busy's namespace, all at once; wait until each runs
+    on its node, record its view."""
+    for pod, _ in pods:
         request_ok(release.api, "POST", f"/api/v1/namespaces/{busy.namespace}/pods", pod)
-    for pod in pods:
+    for pod, node in pods:
         name = pod["metadata"]["name"]
         running = wait_running(release.api, busy.namespace, name, timeout=90)
         assert running["spec"]["nodeName"] == node, (name, running["spec"]["nodeName"])
@@ -255,18 +259,21 @@ def busy(release: Release) -> Iterator[Busy]:
     back: on gpu-a a sleeping pod of ``iluvatar.com/gpu: 1`` (the device plugin) per device but
     one, on gpu-b a sleeping pod with its own claim (DRA; two chips). The earlier tests' pods are
     gone first (their namespaces are deleted asynchronously), so the free device is known."""
+    started = time.monotonic()
     for node in LABELS:
         wait_until(lambda node=node: not gpu_holders(node), f"the earlier tests' pods gone from {node}", 90)
+    print(f"\nthe earlier tests' GPU pods gone after {time.monotonic() - started:.1f} s")
     boards = allocatable(release, "gpu-a")
     assert boards >= 2, boards
     found = Busy(namespace=f"restarts-{secrets.token_hex(3)}", boards=boards)
     new_namespace(release.api, found.namespace)
     templates = f"{RESOURCE_API}/namespaces/{found.namespace}/resourceclaimtemplates"
     request_ok(release.api, "POST", templates, claim_template("g", None))
-    sleeping = [image_pod(f"dp-{i}", release.image, ["sleep", "3600"], gpus=1) for i in range(boards - 1)]
-    run_pods(release, found, sleeping, "gpu-a")
     assert len(devices(release, "gpu-b")) == 2, devices(release, "gpu-b")
-    run_pods(release, found, [sleeping_claim_pod("claim-0", release.image, "g")], "gpu-b")
+    sleeping = [
+        (image_pod(f"dp-{i}", release.image, ["sleep", "3600"], gpus=1), "gpu-a") for i in range(boards - 1)
+    ]
+    run_pods(release, found, [*sleeping, (sleeping_claim_pod("claim-0", release.image, "g"), "gpu-b")])
     yield found
     release.api.request("DELETE", f"/api/v1/namespaces/{found.namespace}")
 
@@ -456,8 +463,8 @@ def test_both_agents_killed_at_once_come_back_and_hand_out_only_the_free_devices
     dra_back = time.monotonic() - killed
     print(f"\nagents killed: device plugin ready {plugin_back:.1f} s, DRA plugin registered {dra_back:.1f} s")
     assert spec_file.exists(), "a killed plugin's claim must stay prepared"
-    run_pods(release, busy, [image_pod("dp-after", release.image, ["sleep", "3600"], gpus=1)], "gpu-a")
-    run_pods(release, busy, [sleeping_claim_pod("claim-1", release.image, "g")], "gpu-b")
+    after = image_pod("dp-after", release.image, ["sleep", "3600"], gpus=1)
+    run_pods(release, busy, [(after, "gpu-a"), (sleeping_claim_pod("claim-1", release.image, "g"), "gpu-b")])
     unchanged_and_not_shared(release, busy, "after both agents were killed")
     # The new instance wrote claim-1 into the checkpoint it read at its start: claim-0 is kept.
     new_uid = claim_uid(release, busy.namespace, "claim-1")[1]
