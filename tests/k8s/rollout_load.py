@@ -73,6 +73,8 @@ class Create:
     """When the apiserver answered 201; None when every attempt was refused."""
     refusals: list[str] = dataclasses.field(default_factory=list)
     mutated: bool | None = None
+    marked: bool | None = None
+    """Whether its first container was given the Load's ``marker`` variable (the config it met)."""
     ended: str = ""
     """How its pod ended: ``Succeeded``, ``Failed <reason>``, or ``not started`` (timed out)."""
     message: str = ""
@@ -141,6 +143,15 @@ class Rollout:
             and c.stored + c.started_s >= start
         ]
 
+    def last_stored_marked(self) -> bool | None:
+        """Whether the last GPU pod or TFJob stored in the window met the config with the marker
+        variable (an opted-out pod never gets it)."""
+        stored = sorted(
+            (c for c in self.creates if c.stored is not None and c.kind != "opted-out"),
+            key=lambda c: c.stored or 0,
+        )
+        return stored[-1].marked if stored else None
+
     def figures(self) -> dict[str, Any]:
         by_kind = collections.Counter(c.kind for c in self.creates)
         claims = [c.on_node_s for c in self.creates if c.kind == "claim" and c.on_node_s is not None]
@@ -163,6 +174,8 @@ class Rollout:
             "failedAfterRetry": sum(c.stored is None for c in self.creates),
             "storedUnmutated": sum(c.mutated is False for c in self.creates if c.kind != "opted-out"),
             "optedOutMutated": sum(c.mutated is True for c in self.creates if c.kind == "opted-out"),
+            "marked": sum(bool(c.marked) for c in self.creates),
+            "lastStoredMarked": self.last_stored_marked(),
             "podEnds": dict(collections.Counter(c.ended for c in self.creates if c.ended)),
             "podFailures": sorted({c.message for c in self.creates if c.ended.startswith("Failed")}),
             "longestAdmissionGapSeconds": round(max(self.admission_gaps()), 2),
@@ -205,13 +218,14 @@ class Load:
         interval_s: float = 0.5,
         tfjob_every: int = 8,
         in_flight: int = 1,
+        marker: str = "IX_GPU_RELEASE",
         sample_s: float = 0.2,
         component_path: str = "/api/v1/namespaces/ix-gpu-system/pods",
     ) -> None:
         self.api, self.image = api, image
         self.device_plugin_node, self.dra_node, self.tfjobs = device_plugin_node, dra_node, tfjobs
         self.interval_s, self.tfjob_every, self.sample_s = interval_s, tfjob_every, sample_s
-        self.in_flight = in_flight
+        self.in_flight, self.marker = in_flight, marker
         self.component_path = component_path
         suffix = secrets.token_hex(3)
         self.namespace, self.opted_out = f"load-{suffix}", f"load-out-{suffix}"
@@ -364,7 +378,10 @@ class Load:
             template = stored["spec"]["tfReplicaSpecs"]["Worker"]["template"]
             record.mutated = INJECTED in (template.get("metadata", {}).get("annotations") or {})
         else:
+            template = stored
             record.mutated = INJECTED in (stored["metadata"].get("annotations") or {})
+        env = template["spec"]["containers"][0].get("env") or []
+        record.marked = any(e["name"] == self.marker for e in env)
         if kind == "opted-out":
             return None
         tracking = self._pool.submit(self._track, record)
