@@ -1,5 +1,5 @@
 """Per container, not per release: a container that gets its GPUs only through DRA claims keeps its
-image's ``LD_LIBRARY_PATH`` whatever the device plugin does elsewhere (issue 54).
+image's ``LD_LIBRARY_PATH`` whatever the device plugin does elsewhere.
 
 A release with DRA on some nodes and the device plugin's ``envvar`` strategy on others renders the
 profile's ``LD_LIBRARY_PATH`` as plain ``prepend-path`` (``webhook.keepImageLibraryPath: auto``),
