@@ -14,8 +14,9 @@ turn pass), a TFJob every ``--tfjob-every`` rounds, while
 ``helm rollback --wait`` run. Per rollout it prints: how long it took, the longest time with no
 create stored, the longest a claim pod took to start (its claim prepared), the least capacity the
 scheduler saw on each node (allocatable on gpu-a, ResourceSlice devices on gpu-b), the creates
-retried and failed, stored unmutated, opted-out ones mutated, how the pods ended; and whether the
-two pods that held GPUs through both rollouts kept their container and devices.
+retried and failed, stored unmutated, opted-out ones mutated, how the pods ended; whether the
+two pods that held GPUs through both rollouts kept their container and devices, and how long the
+claim held through both took to be unprepared once its pod was deleted.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from tests.k8s.chart_values import real_node_chart_values  # noqa: E402
 from tests.k8s.crds import install_crd, kubeflow_tfjob_crd  # noqa: E402
 from tests.k8s.k8s_tier import build_helm  # noqa: E402
 from tests.k8s.real_release import Release, start_real_node_cluster  # noqa: E402
-from tests.k8s.rollout_load import Load, UpgradeRun, import_next_image, upgrade_then_rollback  # noqa: E402
+from tests.k8s.rollout_load import (  # noqa: E402
+    Load,
+    UpgradeRun,
+    claim_released,
+    import_next_image,
+    upgrade_then_rollback,
+)
 from tests.support.waiting import wait_until  # noqa: E402
 
 RELEASE = "ixu"
@@ -107,7 +114,11 @@ def run(work: Path, interval_s: float, tfjob_every: int, in_flight: int) -> Upgr
             tfjob_every=tfjob_every,
             in_flight=in_flight,
         )
-        return upgrade_then_rollback(release, RELEASE, load, upgrade)
+        result = upgrade_then_rollback(release, RELEASE, load, upgrade)
+        (claim_holder,) = [h for h in result.holders if h.claim]
+        unprepared_s = claim_released(release.api, claim_holder)
+        print(f"the claim held through both rollouts unprepared in {unprepared_s:.1f}s")
+        return result
     finally:
         mini.stop()
 
