@@ -1,4 +1,4 @@
-"""What a restart on a busy real node may not change (issue 55), read where a restart could change
+"""What a restart on a busy real node may not change, read where a restart could change
 it: each running container's own view of its GPUs, read from the host through its first process,
 and what the node's kubelet says it allocated, through its PodResources API. The API objects a
 restart leaves alone (a pod's spec, its claim's allocation) prove nothing about either.

@@ -1,4 +1,4 @@
-"""A mixed release on real nodes (issue 54): DRA on one node, the device plugin with its default
+"""A mixed release on real nodes: DRA on one node, the device plugin with its default
 ``deviceListStrategy: envvar`` on the other, ``webhook.keepImageLibraryPath: auto``.
 
 ``gpu-a`` is labelled ``ix-gpu.io/gpu.allocation=device-plugin`` and ``gpu-b`` ``=dra`` before the
@@ -10,7 +10,7 @@ container, and the claim's CDI spec puts the driver in the container's linker ca
 
 The library-check image (tests/k8s/images/library-check.c) sets ``ENV LD_LIBRARY_PATH=/opt/imglib``
 and has a library of its own there. The tests share the release and run in file order; the last
-three (issue 55, "day two") restart both nodes' kubelets, then their containerds, then kill both
+three restart both nodes' kubelets, then their containerds, then kill both
 agents at once, under pods holding GPUs on both paths (tests/k8s/node_restarts.py says what they
 read and where).
 """
@@ -211,7 +211,7 @@ def test_a_claim_pod_that_sets_its_library_path_gets_the_profiles_merged_in(rele
     request_ok(api, "DELETE", ns)
 
 
-# --------------------------------------------------------------------------- restarts (issue 55)
+# --------------------------------------------------------------------------- restarts
 #
 # Last in the module: they restart gpu-a's and gpu-b's kubelets and containerds and kill both agents
 # under the release above. Each step ends in the same checks (:func:`unchanged_and_not_shared`): every
