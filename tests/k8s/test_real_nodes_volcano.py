@@ -16,14 +16,21 @@ from the kubelet's where it matters. The pods run one after the other, each wait
 driver root gets a stand-in ``bin/ixsmi`` (the real one resets chips; this one takes a moment, and
 fails saying what a file beside it says while that file exists): every GPU pod there runs after a
 reset of its chips, and a pod whose reset fails is refused with the tool's words.
+
+The release also has ``dra.enabled``, with no node labelled for DRA until the last test: it moves
+``gpu-b`` to DRA, then upgrades the release to the project's second image and rolls it back while
+GPU work is created (tests/k8s/rollout_load.py). This module hosts it because it is short and its
+nodes need nothing back afterwards; another real-node module would cost its own cluster.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,7 @@ from tests.k8s.chart_values import real_node_chart_values
 from tests.k8s.pods import get_pod, new_namespace, request_ok, wait_failed, wait_running
 from tests.k8s.real_nodes import TIER_ROOT, Images, stub_uuids
 from tests.k8s.real_release import Release, image_pod, open_release
+from tests.k8s.rollout_load import Load, claim_released, import_next_image, upgrade_then_rollback
 from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
@@ -68,6 +76,8 @@ sleep 0.3
 
 def volcano_values(images: Images) -> dict[str, Any]:
     values = real_node_chart_values(images)
+    # The DRA plugin too, for the upgrade at the end (no node is labelled for it until then).
+    values["dra"] = {"enabled": True}
     values["plugin"]["nodeConfigs"] = {
         "volcano": {"flags": {"splitboard": True, "usevolcano": True}},
         "reset": {"flags": {"reset_gpu": True}, "gpuReset": {"timeoutSeconds": 20}},
@@ -261,3 +271,100 @@ def test_with_reset_gpu_a_pod_runs_after_its_chips_reset_and_one_whose_reset_fai
     counts = plugin_counts(release, "gpu-b", "ix_gpu_plugin_gpu_resets_total")
     assert counts["failed"] == before["failed"] + 1, counts
     request_ok(api, "DELETE", ns)
+
+
+# --------------------------------------------------------------------------- upgrade under load
+
+
+def test_an_upgrade_to_another_image_and_its_rollback_under_load_refuse_no_pod_and_keep_every_gpu(
+    release: Release,
+) -> None:
+    """gpu-b moves to DRA; then ``helm upgrade`` to the project's second image (the same Dockerfile,
+    another version) with one more variable in the Iluvatar profile, and ``helm rollback``, each
+    rolling the webhook, the device plugin and the DRA plugin, while a one-GPU pod (gpu-a, exits at
+    once), a claim pod (gpu-b) and an opted-out GPU pod (dry run) are created one after another
+    (tests/k8s/rollout_load.py). Through both rollouts:
+
+    - every create is stored within the client's retries, every GPU pod mutated, no opted-out one;
+      the last one of the upgrade met its config, the last one of the rollback the one before;
+    - the kubelet refuses no pod (``UnexpectedAdmissionError``), and pods were admitted while the
+      device plugin rolled;
+    - gpu-a's allocatable never drops below what it offered before, nor gpu-b's devices in its
+      ResourceSlice (the capacity the scheduler fits against);
+    - a claim pod waiting on gpu-b while its DRA plugin rolls starts within 5 s of the slowest one
+      before the upgrade: its claim is prepared by whichever instance serves, not after the roll
+      (a prepare refused as the old instance goes is retried by the kubelet about 15 s later);
+    - a device-plugin pod and a claim pod started before the upgrade run on in the same container,
+      with the same device cgroup, device nodes, environment, mounts and CDI spec, their claim still
+      allocated to them; deleted at the end, the claim is unprepared by the plugin that runs now."""
+    api = release.api
+    wait_until(
+        lambda: (
+            not [
+                p
+                for p in request_ok(api, "GET", "/api/v1/pods")["items"]
+                if p["metadata"]["namespace"] not in ("ix-gpu-system", "kube-system")
+            ]
+        ),
+        "the earlier tests' pods gone",
+        120,
+    )
+    # The second image goes onto the nodes while gpu-b changes allocator.
+    importing = ThreadPoolExecutor(1).submit(import_next_image, release)
+    status, reply = api.request(
+        "PATCH",
+        "/api/v1/nodes/gpu-b",
+        {"metadata": {"labels": {"ix-gpu.io/gpu.allocation": "dra"}}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, reply
+    load = Load(api, release.image, device_plugin_node="gpu-a", dra_node="gpu-b", tfjobs=None)
+    wait_until(
+        lambda: (lambda s: s.allocatable["gpu-b"] == 0 and s.devices.get("gpu-b", 0) > 0)(load.sample()),
+        "gpu-b's GPUs published by the DRA plugin and none offered by the device plugin",
+        120,
+        interval=0.5,
+    )
+    full = load.sample()
+    repository, tag = importing.result(timeout=120)
+
+    def upgrade(values: dict[str, Any]) -> None:
+        values["image"] = {"repository": repository, "tag": tag}
+        values["config"]["profiles"][0].setdefault("env", []).append(
+            {"name": "IX_GPU_RELEASE", "value": "upgraded"}
+        )
+
+    started = time.monotonic()
+    result = upgrade_then_rollback(release, RELEASE, load, upgrade)
+    print(f"\nupgrade and rollback under load in {time.monotonic() - started:.1f}s")
+    for rollout in [result.before, *result.rollouts]:
+        print(json.dumps(rollout.figures()))
+    baseline = max((c.on_node_s or 0) for c in result.before.creates if c.kind == "claim")
+    for rollout in result.rollouts:
+        figures = rollout.figures()
+        failed = [c.refusals for c in rollout.creates if c.stored is None]
+        assert figures["failedAfterRetry"] == 0, failed
+        assert figures["storedUnmutated"] == 0 and figures["optedOutMutated"] == 0, figures
+        assert set(figures["podEnds"]) == {"Succeeded"}, figures["podEnds"]
+        assert figures["minCapacity"] == {
+            "gpu-a": full.allocatable["gpu-a"],
+            "gpu-b": full.devices["gpu-b"],
+        }, (
+            figures["minCapacity"],
+            full,
+        )
+        # Pods were admitted on gpu-a while its device plugin rolled.
+        assert rollout.on_node_during("device-plugin", kind="device-plugin"), (rollout.label, figures)
+        # Claim pods were waiting on gpu-b while its DRA plugin rolled, and were served as fast as before.
+        during = rollout.on_node_during("dra-plugin")
+        assert during, (rollout.label, figures)
+        # A claim the kubelet retries (its prepare refused as the old instance goes) waits about 15 s.
+        assert max(c.on_node_s or 0 for c in during) <= baseline + 5, (baseline, figures)
+    # The upgrade's config was served, and the rollback's.
+    upgraded, rolled_back = result.rollouts
+    assert upgraded.last_stored_marked() is True and rolled_back.last_stored_marked() is False
+    assert result.changed() == {}, result.changed()
+    assert all(h["restarts"] == 0 for h in result.held_after.values()), result.held_after
+    (claim_holder,) = [h for h in result.holders if h.claim]
+    print(f"the claim held through both rollouts unprepared in {claim_released(api, claim_holder):.1f}s")
+    load.close()
