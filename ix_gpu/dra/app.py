@@ -99,6 +99,8 @@ class DraSettings:
     reset_timeout: float | None = None
     """``flags.reset_gpu``: a new claim's chips are reset within this many seconds
     (``gpuReset.timeoutSeconds``) before it is prepared; None: no reset."""
+    unregister_grace: float = 2.0
+    """On stop, how long the DRA service outlives the registration socket (:meth:`DraApp.shutdown`)."""
     socket_id: str | None = None
     """``--socket-id``: sockets of this instance's own, for rolling updates (:mod:`ix_gpu.dra.sockets`)."""
 
@@ -431,14 +433,17 @@ class DraApp:
         return 0
 
     async def shutdown(self, grace: float = 1.0) -> None:
-        """Registration socket first, so the kubelet stops sending before the service goes away.
-        Bounded: stopping must never hang on a client that keeps its connection."""
-        for server, path in reversed(self._servers):
+        """The registration socket first; the DRA service answers ``unregister_grace`` more, until
+        the kubelet's plugin watcher has seen it gone: a call sent meanwhile is answered, not cut
+        off (the kubelet retries only with the pod's next sync, 10 s and more later). Bounded."""
+        for k, (server, path) in enumerate(reversed(self._servers)):
+            if k == 1:  # the DRA service, after the registration socket
+                await asyncio.sleep(self.settings.unregister_grace)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
             server.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), timeout=grace)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
         self._servers.clear()
         self.claims.close_idle(everything=True)
         self.backend.close()

@@ -46,6 +46,7 @@ def settings(
         partitionable_shares=partitionable_shares,
         replicas=replicas,
         health_interval=0.2,
+        unregister_grace=0.0,  # tests/dra/test_dra_rolling.py has the stop's grace
     )
 
 

@@ -158,3 +158,28 @@ def test_sockets_a_dead_instance_left_are_removed_and_a_live_ones_kept(
     assert kept and gone
     assert newer_than_old == new.dra_socket and newer_than_new is None
     assert other_driver.exists(), "another driver's socket is not ours to remove"
+
+
+def test_stopping_the_registration_socket_goes_first_and_the_service_answers_a_while_more(
+    short_tmp: Path, fake_devices: Path, resource_api: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    """The kubelet unregisters an instance when its plugin watcher sees the registration socket
+    gone; a call it sends to the stopping instance until then is answered, not cut off."""
+    _, api = resource_api
+    config = instance(short_tmp, OLD_ID, unregister_grace=1.0)
+
+    async def scenario() -> tuple[bool, str]:
+        async with running(config, fake_devices, api) as app, dra_client(config) as client:
+            app.stop.set()
+            await wait_until_async(
+                lambda: not config.registration_socket.exists(), "the registration socket gone"
+            )
+            serving = config.dra_socket.exists()
+            answer = await client.NodeUnprepareResources(
+                dra.NodeUnprepareResourcesRequest(claims=[claim(UIDS[0], "c0")])
+            )
+            await wait_until_async(lambda: not config.dra_socket.exists(), "the DRA socket gone", 5)
+            return serving, str(answer.claims[UIDS[0]].error)
+
+    serving, error = asyncio.run(scenario())
+    assert serving and error == ""
