@@ -54,20 +54,7 @@ ROLES = {"gpu-a": "device-plugin", "gpu-b": "dra"}
 def install(release: Release) -> None:
     """Label the nodes, install the chart with dra.enabled, wait until each node's allocator offers
     its GPUs."""
-    for node, allocator in ROLES.items():
-        status, reply = release.api.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            {"metadata": {"labels": {ALLOCATION_LABEL: allocator}}},
-            content_type="application/merge-patch+json",
-        )
-        assert status == 200, reply
-    chart = str(REPO / "charts" / "ix-gpu")
-    result = release.helm(
-        "install", RELEASE, chart, "--create-namespace", "-f", str(release.values_file()),
-        "--wait", "--timeout", "300s",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    release.label_and_install(RELEASE, {n: {ALLOCATION_LABEL: a} for n, a in ROLES.items()}, "300s")
     probe = Load(release.api, release.image, device_plugin_node="gpu-a", dra_node="gpu-b", tfjobs=None)
     wait_until(
         lambda: (lambda s: (s.allocatable["gpu-a"] or 0) > 0 and s.devices.get("gpu-b", 0) > 0)(

@@ -30,6 +30,7 @@ from tests.k8s.real_nodes import (
     release_machine,
     take_machine,
 )
+from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
 NAMESPACE = "ix-gpu-system"
@@ -185,6 +186,26 @@ class Release:
     def values_file(self) -> Path:
         self.revision += 1
         return write_values(self.work, self.values, self.revision)
+
+    def label_and_install(
+        self, name: str, node_labels: dict[str, dict[str, str]], timeout: str = "240s"
+    ) -> None:
+        """Label the nodes as the operator chooses (which allocator, which config), then
+        ``helm install --wait`` the chart with this release's values."""
+        for node, labels in node_labels.items():
+            status, reply = self.api.request(
+                "PATCH",
+                f"/api/v1/nodes/{node}",
+                {"metadata": {"labels": labels}},
+                content_type="application/merge-patch+json",
+            )
+            assert status == 200, reply
+        chart = str(ROOT / "charts" / "ix-gpu")
+        result = self.helm(
+            "install", name, chart, "--create-namespace", "-f", str(self.values_file()),
+            "--wait", "--timeout", timeout,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
 
     def pods(self, component: str) -> list[dict[str, Any]]:
         path = f"{NS_PATH}/pods?labelSelector=app.kubernetes.io/component%3D{component}"

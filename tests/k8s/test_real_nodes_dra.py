@@ -157,24 +157,10 @@ def devices(release: Release, node: str) -> dict[str, dict[str, Any]]:
 
 def install_on_dra_nodes(release: Release) -> None:
     """Label both nodes for DRA, install the chart, wait for both slices."""
-    for node in NODES:
-        status, reply = release.api.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            {
-                "metadata": {
-                    "labels": {ALLOCATION_LABEL: "dra", **({CONFIG_LABEL: SHARED} if node == "gpu-b" else {})}
-                }
-            },
-            content_type="application/merge-patch+json",
-        )
-        assert status == 200, reply
-    chart = str(ROOT / "charts" / "ix-gpu")
-    result = release.helm(
-        "install", RELEASE, chart, "--create-namespace", "-f", str(release.values_file()),
-        "--wait", "--timeout", "240s",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    release.label_and_install(
+        RELEASE,
+        {"gpu-a": {ALLOCATION_LABEL: "dra"}, "gpu-b": {ALLOCATION_LABEL: "dra", CONFIG_LABEL: SHARED}},
+    )
     wait_until(
         lambda: all(list(devices(release, n)) == published_names(NODES[n]) for n in NODES),
         "both nodes' ResourceSlices list their boards and chips",

@@ -69,7 +69,6 @@ from tests.k8s.test_real_nodes_dra import (
     image_library_pod,
     sleeping_claim_pod,
 )
-from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
@@ -102,20 +101,7 @@ def allocatable(release: Release, node: str) -> int:
 def install_mixed(release: Release) -> None:
     """Label gpu-a for the device plugin and gpu-b for DRA, install the chart, wait until each
     node's allocator offers its chips (and only that one)."""
-    for node, allocator in LABELS.items():
-        status, reply = release.api.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            {"metadata": {"labels": {ALLOCATION_LABEL: allocator}}},
-            content_type="application/merge-patch+json",
-        )
-        assert status == 200, reply
-    chart = str(ROOT / "charts" / "ix-gpu")
-    result = release.helm(
-        "install", RELEASE, chart, "--create-namespace", "-f", str(release.values_file()),
-        "--wait", "--timeout", "240s",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    release.label_and_install(RELEASE, {n: {ALLOCATION_LABEL: a} for n, a in LABELS.items()})
     wait_until(
         lambda: bool(devices(release, "gpu-b")) and allocatable(release, "gpu-a") > 0,
         "gpu-b's chips in its ResourceSlice and gpu-a's offered by the device plugin",

@@ -42,7 +42,6 @@ from tests.k8s.pods import get_pod, new_namespace, request_ok, wait_failed, wait
 from tests.k8s.real_nodes import TIER_ROOT, Images, stub_uuids
 from tests.k8s.real_release import Release, image_pod, open_release
 from tests.k8s.rollout_load import Load, claim_released, import_next_image, upgrade_then_rollback
-from tests.support.paths import ROOT
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(900)
@@ -92,20 +91,9 @@ def install_volcano(release: Release) -> None:
     tool.parent.mkdir(exist_ok=True)
     tool.write_text(STUB_IXSMI)
     tool.chmod(0o755)
-    for node, config in (("gpu-a", "volcano"), ("gpu-b", "reset")):
-        status, reply = release.api.request(
-            "PATCH",
-            f"/api/v1/nodes/{node}",
-            {"metadata": {"labels": {CONFIG_LABEL: config}}},
-            content_type="application/merge-patch+json",
-        )
-        assert status == 200, reply
-    chart = str(ROOT / "charts" / "ix-gpu")
-    result = release.helm(
-        "install", RELEASE, chart, "--create-namespace", "-f", str(release.values_file()),
-        "--wait", "--timeout", "300s",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
+    release.label_and_install(
+        RELEASE, {"gpu-a": {CONFIG_LABEL: "volcano"}, "gpu-b": {CONFIG_LABEL: "reset"}}, "300s"
+    )
     wait_until(
         lambda: (release.cluster.node_resource("gpu-a") or (0, 0)) == (4, 4),
         "gpu-a's four chips offered one by one",
