@@ -2162,6 +2162,10 @@ def test_a_node_drained_and_deleted_releases_its_claims_and_slices_and_comes_bac
         "PATCH", f"/api/v1/nodes/{node}", patch, content_type="application/merge-patch+json"
     )
     assert status == 200, reply
+    # The scheduler hears of the cordon through its watch of nodes, a moment after the PATCH: a pod
+    # created in between (the ReplicaSet's replacement, at once) could still be placed here. kubectl
+    # drain has the same window; a test that must see the replacement wait cannot have it.
+    time.sleep(1)
     name = first["metadata"]["name"]
     eviction = {
         "apiVersion": "policy/v1",
