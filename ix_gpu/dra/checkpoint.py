@@ -105,6 +105,8 @@ class Checkpoint:
         self._seen: tuple[int, int, int] | None = None
         """The file as this process last read or wrote it (inode, mtime, size); None: absent."""
         self._lock_fd: int | None = None
+        self.lock_wait = 10.0
+        """Seconds :meth:`shared` waits for another instance's lock before it gives up."""
         self.claims: dict[str, PreparedClaim] = self._load()
         self._plain: dict[str, tuple[PreparedClaim, dict[str, Any]]] = {}
         """uid → (the claim, its plain form), reused while the claim is the same object."""
@@ -124,13 +126,28 @@ class Checkpoint:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             lock = self.path.with_name(f"{self.path.name}.lock")
             self._lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._take_lock(self._lock_fd)
         try:
             if self._stamp() != self._seen:
                 self.claims = self._load()
             yield
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _take_lock(self, fd: int) -> None:
+        """Bounded: an instance that holds the lock for long (a write stuck on the disk) costs a
+        call an error the kubelet retries, not a worker thread for as long as it lasts."""
+        deadline = time.monotonic() + self.lock_wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(
+                        f"{self.path}.lock held by another process for {self.lock_wait:g}s"
+                    ) from None
+                time.sleep(0.005)
 
     def _load(self) -> dict[str, PreparedClaim]:
         self._seen = self._stamp()

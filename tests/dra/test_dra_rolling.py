@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import json
+import os
 import socket
+import time
 from pathlib import Path
 
 import grpc
@@ -183,3 +186,31 @@ def test_stopping_the_registration_socket_goes_first_and_the_service_answers_a_w
 
     serving, error = asyncio.run(scenario())
     assert serving and error == ""
+
+
+def test_a_checkpoint_lock_held_too_long_costs_the_claim_an_error_not_a_stuck_call(
+    short_tmp: Path, fake_devices: Path, resource_api: tuple[FakeResourceApi, ApiServer]
+) -> None:
+    """Another instance holding the checkpoint's lock (a write stuck on the disk): the claim's
+    prepare fails with the reason after the bound, which the kubelet retries."""
+    fake, api = resource_api
+    fake.add_claim("default", "c0", UIDS[0], [result("gpu-0")])
+    config = instance(short_tmp, OLD_ID)
+    config.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    holder = os.open(f"{config.checkpoint}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+
+    async def scenario() -> tuple[str, float]:
+        async with running(config, fake_devices, api) as app, dra_client(config) as client:
+            app.preparer.checkpoint.lock_wait = 0.3
+            started = time.monotonic()
+            answer = await client.NodePrepareResources(
+                dra.NodePrepareResourcesRequest(claims=[claim(UIDS[0], "c0")])
+            )
+            return str(answer.claims[UIDS[0]].error), time.monotonic() - started
+
+    try:
+        error, took = asyncio.run(scenario())
+    finally:
+        os.close(holder)
+    assert "held by another process" in error and took < 3, (error, took)
