@@ -1,4 +1,4 @@
-"""``flags.usevolcano`` on real nodes (issue 56): pods annotated as Iluvatar's ix-volcano-plugin
+"""``flags.usevolcano`` on real nodes: pods annotated as Iluvatar's ix-volcano-plugin
 annotates them get the chips named there, not the kubelet's (Volcano itself does not run: the
 default scheduler places the pods, the annotations say what Volcano would have chosen).
 
