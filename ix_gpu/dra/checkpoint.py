@@ -120,8 +120,9 @@ class Checkpoint:
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
-        """Held around every read-modify-write of :attr:`claims` (blocking): no other instance
-        writes meanwhile, and :attr:`claims` is what the file holds now."""
+        """Held around every read-modify-write of :attr:`claims` (waits up to :attr:`lock_wait`,
+        then ``OSError``): no other instance writes meanwhile, and :attr:`claims` is what the file
+        holds now."""
         if self._lock_fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             lock = self.path.with_name(f"{self.path.name}.lock")
